@@ -1,0 +1,179 @@
+"""The `corpusmill` command line."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+DEFAULT_DEMO_OUT = "corpusmill-demo"
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="corpusmill",
+        description="Raw text corpus -> normalised, filtered, deduplicated, tokenized, packed per-rank "
+        "MindRecord shards with a manifest -> MindSpore pretraining. Runs on an embedded Dask LocalCluster "
+        "or on a Dask cluster given by address.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the pipeline a YAML config describes",
+                         description="Run the pipeline described by CONFIG into the run directory --out.")
+    run.add_argument("config", help="YAML config (see configs/example.yaml for every option and its default)")
+    run.add_argument("--out", required=True, help="run directory: stage outputs, ledger.json, report.md, shards/, train/")
+    run.add_argument("--resume", action="store_true",
+                     help="skip stages whose completion marker matches the config; rerun the rest")
+    run.add_argument("--scheduler", metavar="ADDRESS",
+                     help="use a running Dask scheduler (tcp://HOST:8786) instead of cluster.address / a LocalCluster")
+    run.add_argument("--train", dest="train", action="store_true", default=None, help="train after sharding (train.enabled)")
+    run.add_argument("--no-train", dest="train", action="store_false", help="do not train, whatever the config says")
+
+    demo = sub.add_parser("demo", help="build a local demo corpus, run the whole pipeline on it, train a tiny model",
+                          description="Build a bilingual demo corpus (no download) with planted duplicates, junk and "
+                          "malformed lines, run configs/quickstart.yaml on it, and train a tiny model on the shards.")
+    demo.add_argument("--out", default=DEFAULT_DEMO_OUT, help=f"run directory (default: ./{DEFAULT_DEMO_OUT})")
+    demo.add_argument("--steps", type=int, help="training steps (default: the quickstart config's train.steps)")
+    demo.add_argument("--no-train", action="store_true", help="stop after writing the shards")
+    demo.add_argument("--resume", action="store_true", help="reuse finished stages of an earlier demo run in --out")
+    demo.add_argument("--scheduler", metavar="ADDRESS", help="use a running Dask scheduler instead of a LocalCluster")
+
+    train = sub.add_parser("train", help="train on shards a run produced",
+                           description="Train the decoder on one rank's files of a shard directory; writes "
+                           "OUT/metrics.jsonl (one JSON object per step) and OUT/summary.json.")
+    train.add_argument("--shards", required=True, help="a shards/ directory holding manifest.json")
+    train.add_argument("--steps", type=int, help="optimizer steps (default: train.steps of --config, else 30)")
+    train.add_argument("--out", help="output directory (default: the shards directory's sibling train/)")
+    train.add_argument("--config", help="YAML config whose train: section sets the model and optimiser")
+    train.add_argument("--rank", type=int, help="which rank's files to read (default 0)")
+    train.add_argument("--batch-size", type=int, help="samples per step (default 8)")
+    train.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
+    train.add_argument("--num-parallel-workers", type=int, help="MindDataset reader threads (at most the CPU count)")
+    return p
+
+
+def _load(path: str):
+    from .config import load_config
+
+    return load_config(path)
+
+
+def _print_run_summary(result, out: Path) -> None:
+    led = result.ledger
+    _log("")
+    _log("== corpusmill summary ==")
+    _log(f"documents: input {led['input']:,} = kept {led['kept']:,} + filtered {led['filtered']:,} + "
+         f"duplicates {led['duplicates']:,} + quarantined {led['quarantined']:,}  (balanced)")
+    for name, s in led["stages"].items():
+        removed = ", ".join(f"{k} {v}" for k, v in sorted(s["removed"].items())) or "-"
+        _log(f"  {name:<12} {s['in']:>9,} -> {s['out']:>9,}   removed: {removed}")
+    if "tokens" in led:
+        p = led["packing"]
+        _log(f"tokens: {led['tokens']:,}; windows {p['windows']:,} (seq+1 ids each), "
+             f"{p['tokens_dropped']:,} tail tokens dropped, {p['pad_tokens']:,} padded")
+    if "samples" in led:
+        _log(f"shards: {led['samples']:,} samples, {led['samples_per_rank']:,} per rank "
+             f"({led['samples_dropped_for_equal_ranks']} dropped for equal ranks) -> {out / 'shards' / 'manifest.json'}")
+    if result.train:
+        t = result.train
+        _log(f"training: {t['steps']} steps, loss {t['first_loss']:.3f} -> {t['last_loss']:.3f}, "
+             f"data wait {100 * t['data_wait_share']:.1f}% -> {out / 'train' / 'metrics.jsonl'}")
+    _log(f"report: {out / 'report.md'}   ledger: {out / 'ledger.json'}")
+
+
+def _cmd_run(args) -> int:
+    from .runner import Pipeline
+
+    cfg = _load(args.config)
+    if args.scheduler:
+        cfg.cluster.address = args.scheduler
+    if args.train is not None:
+        cfg.train.enabled = args.train
+    result = Pipeline(cfg, args.out, resume=args.resume, log=_log).run()
+    _print_run_summary(result, Path(args.out))
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    from .demo import build_demo_corpus
+    from .runner import Pipeline
+
+    out = Path(args.out)
+    cfg = _load(str(CONFIG_DIR / "quickstart.yaml"))
+    corpus = out / "corpus"
+    t0 = time.perf_counter()
+    planted = build_demo_corpus(corpus)
+    c = planted["counts"]
+    _log(f"demo: wrote a corpus to {corpus} in {time.perf_counter() - t0:.1f}s with {c['exact_duplicates']} planted exact "
+         f"duplicates, {c['near_duplicates']} near duplicates, {c['junk']} junk documents, {c['malformed']} malformed records")
+    cfg.input.paths = [str(corpus)]
+    if args.scheduler:
+        cfg.cluster.address = args.scheduler
+    cfg.train.enabled = not args.no_train
+    if args.steps:
+        cfg.train.steps = args.steps
+    result = Pipeline(cfg, out, resume=args.resume, log=_log).run()
+    _print_run_summary(result, out)
+    found = _planted_pairs_found(out, planted["exact_duplicates"])
+    _log(f"demo check: planted exact-duplicate pairs resolved by exact dedup {found} / {c['exact_duplicates']}; "
+         f"quarantined {result.ledger['quarantined']} / planted malformed {c['malformed']}")
+    return 0
+
+
+def _planted_pairs_found(out: Path, pairs: list[dict]) -> int:
+    """How many planted (copy, original) pairs ended with exactly one side removed as its duplicate."""
+    import pyarrow.parquet as pq
+
+    removed_dir = out / "03-exact_dedup" / "removed"
+    if not any(removed_dir.glob("*.parquet")):
+        return 0
+    removed = pq.read_table(str(removed_dir), columns=["id", "duplicate_of_id"]).to_pylist()
+    links = {(r["id"], r["duplicate_of_id"]) for r in removed}
+    return sum((p["id"], p["duplicate_of"]) in links or (p["duplicate_of"], p["id"]) in links for p in pairs)
+
+
+def _cmd_train(args) -> int:
+    from .config import TrainConfig
+    from trainer.train import train
+
+    tcfg = _load(args.config).train if args.config else TrainConfig()
+    for attr, value in (("steps", args.steps), ("rank", args.rank), ("batch_size", args.batch_size), ("lr", args.lr),
+                        ("num_parallel_workers", args.num_parallel_workers)):
+        if value is not None:
+            setattr(tcfg, attr, value)
+    out = args.out or str(Path(args.shards).resolve().parent / "train")
+    summary = train(args.shards, out, tcfg, log=_log)
+    _log(f"training: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}; "
+         f"data wait {100 * summary['data_wait_share']:.1f}%; metrics in {Path(out) / 'metrics.jsonl'}")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings drown the progress lines
+    args = _build_parser().parse_args(argv)
+    from .config import ConfigError
+    from .ledger import LedgerError
+    from .runner import PipelineError
+    from stages.read import InputError
+    from trainer.data import ShardMismatch
+
+    handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train}
+    try:
+        return handlers[args.command](args)
+    except (ConfigError, InputError, PipelineError, LedgerError, ShardMismatch, ConnectionError) as e:
+        print(f"corpusmill: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("corpusmill: interrupted; rerun with --resume to continue from the last finished stage", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

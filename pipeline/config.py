@@ -1,0 +1,273 @@
+"""Typed, validated pipeline configuration.
+
+A YAML file is parsed with a loader that refuses duplicate keys (PyYAML silently keeps the last one)
+and validated into pydantic models that forbid unknown keys, so a typo is an error that names the
+key, the file and what is allowed instead of an option silently ignored.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+CONFIG_VERSION = 1
+
+
+class ConfigError(ValueError):
+    """A config problem, with the file and key it concerns."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class InputConfig(_Section):
+    paths: list[str] = Field(
+        default_factory=list,
+        description="Files, folders (searched recursively) or glob patterns; relative to the working directory.",
+    )
+    text_field: str = Field("text", description="Field (JSONL) or column (Parquet) holding the document text.")
+    id_field: Optional[str] = Field(
+        "id", description="Field holding a document id; when absent in a record the id is 'FILE:LINE'."
+    )
+    source_field: Optional[str] = Field(
+        "source", description="Field naming the document's source; when absent, the input file's name."
+    )
+    block_size_mb: int = Field(64, gt=0, description="Uncompressed JSONL files larger than this are read in parallel blocks.")
+    part_size_mb: int = Field(32, gt=0, description="Target text size of one partition (one Parquet part) between stages.")
+
+
+class NormalizeConfig(_Section):
+    nfkc: bool = Field(True, description="Unicode NFKC normalisation (full-width ASCII to half-width, compatibility forms).")
+    keep_cjk_punctuation: bool = Field(
+        True, description="Keep Chinese full-width punctuation (，！？：；（）～) that NFKC would turn into ASCII."
+    )
+    strip_control: bool = Field(True, description="Remove control, format and zero-width characters (tab and newline kept).")
+    fold_whitespace: bool = Field(
+        True, description="Collapse runs of spaces/tabs to one space, strip line ends, at most one blank line in a row."
+    )
+
+
+class FilterConfig(_Section):
+    min_chars: int = Field(32, ge=0, description="Drop documents with fewer non-whitespace characters (reason too_few_chars).")
+    min_words: int = Field(
+        0, ge=0, description="Drop documents with fewer words; each CJK character counts as a word (reason too_few_words)."
+    )
+    max_chars: Optional[int] = Field(None, gt=0, description="Drop documents with more characters (reason too_many_chars).")
+
+
+class DedupConfig(_Section):
+    exact: bool = Field(True, description="Remove exact duplicates of the normalised text; the lowest uid is kept.")
+
+
+class TokenizerTrainConfig(_Section):
+    vocab_size: int = Field(8000, ge=300, description="Vocabulary size of a tokenizer trained for this run.")
+    model_type: Literal["bpe", "unigram"] = Field("bpe", description="SentencePiece model type.")
+    sample_docs: int = Field(20000, gt=0, description="Documents sampled (deterministically, by uid hash) to train on.")
+    max_sample_mb: int = Field(64, gt=0, description="Cap on the text given to the trainer.")
+    character_coverage: float = Field(0.9995, gt=0, le=1, description="Share of characters covered; 0.9995 suits Chinese.")
+    byte_fallback: bool = Field(True, description="Unknown characters become UTF-8 byte tokens instead of <unk>.")
+    seed: int = Field(0, description="Seed of the document sample.")
+
+
+class TokenizerConfig(_Section):
+    model: Optional[str] = Field(None, description="Path of a SentencePiece .model; when null one is trained (tokenizer.train).")
+    train: TokenizerTrainConfig = Field(default_factory=TokenizerTrainConfig)
+    add_bos: bool = Field(False, description="Prepend BOS to every document.")
+    add_eos: bool = Field(True, description="Append EOS to every document (needed to rebuild document boundaries).")
+    pad_id: Optional[int] = Field(
+        None, ge=0, description="Pad id; null takes the model's pad, else its unk id (recorded in the manifest)."
+    )
+    batch_docs: int = Field(512, gt=0, description="Documents per native encode call.")
+    max_unk_rate: float = Field(
+        0.01, ge=0, le=1, description="Refuse the tokenizer when more of a sample's tokens than this are <unk>."
+    )
+
+
+class PackConfig(_Section):
+    seq_length: int = Field(2048, gt=0, description="Model sequence length; each sample holds seq_length + 1 ids.")
+    remainder: Literal["drop", "pad"] = Field(
+        "drop", description="What to do with the last incomplete window: drop its tokens or pad it with pad_id."
+    )
+
+
+class ShardConfig(_Section):
+    layout: Literal["per_rank"] = Field("per_rank", description="per_rank: a distinct file prefix per data-parallel rank.")
+    ranks: int = Field(1, gt=0, description="Data-parallel ranks; every rank gets exactly the same number of samples.")
+    files_per_rank: int = Field(1, gt=0, description="MindRecord files per rank.")
+    seed: int = Field(0, description="Seed of the global sample shuffle.")
+    write_batch: int = Field(1000, gt=0, description="Rows per FileWriter.write_raw_data call.")
+
+
+class ClusterConfig(_Section):
+    address: Optional[str] = Field(None, description="Dask scheduler address (tcp://host:8786); null starts a LocalCluster.")
+    n_workers: Optional[int] = Field(None, gt=0, description="LocalCluster worker processes; null = CPU count.")
+    threads_per_worker: int = Field(1, gt=0, description="Threads per LocalCluster worker (the work is Python-heavy).")
+    memory_limit: str = Field("auto", description="Memory limit per LocalCluster worker (e.g. '4GiB'); 'auto' splits RAM.")
+    dashboard: bool = Field(False, description="Start the Dask dashboard (its address is printed).")
+
+
+class ModelConfig(_Section):
+    vocab_size: Optional[int] = Field(None, gt=0, description="Embedding rows; null takes the shards' vocab size.")
+    seq_length: Optional[int] = Field(None, gt=0, description="Null takes the shards' seq_length.")
+    hidden_size: int = Field(64, gt=0)
+    num_layers: int = Field(2, gt=0)
+    num_heads: int = Field(4, gt=0)
+    intermediate_size: Optional[int] = Field(None, gt=0, description="SwiGLU width; null = 8/3 hidden rounded to 32.")
+
+
+class TrainConfig(_Section):
+    enabled: bool = Field(False, description="Train after the shards are written (corpusmill run).")
+    steps: int = Field(30, gt=0)
+    batch_size: int = Field(8, gt=0)
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine floor as a fraction of lr.")
+    warmup_steps: Optional[int] = Field(None, ge=0, description="Null = 2% of steps (at least 1).")
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    seed: int = 0
+    rank: int = Field(0, ge=0, description="Which rank's files this process reads.")
+    num_parallel_workers: int = Field(1, gt=0, description="MindDataset reader threads (at most the CPU count).")
+    shuffle: bool = Field(True, description="Shuffle samples within the rank's files each epoch.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+
+
+class Config(_Section):
+    config_version: int = Field(CONFIG_VERSION, description="Schema version of this file.")
+    input: InputConfig = Field(default_factory=InputConfig)
+    normalize: NormalizeConfig = Field(default_factory=NormalizeConfig)
+    filter: FilterConfig = Field(default_factory=FilterConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    pack: PackConfig = Field(default_factory=PackConfig)
+    shard: ShardConfig = Field(default_factory=ShardConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @field_validator("config_version")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        if v != CONFIG_VERSION:
+            raise ValueError(f"this corpusmill reads config_version {CONFIG_VERSION}, not {v}")
+        return v
+
+    def section_hash(self, *names: str, extra: Any = None) -> str:
+        """A short stable hash of the named sections (a stage's identity for resume)."""
+        payload = {n: getattr(self, n).model_dump(mode="json") for n in names}
+        payload["_extra"] = extra
+        blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key repeated in one mapping, naming both lines."""
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(
+                    f"{self.name}: duplicate key {key!r} at line {line} (first at line {seen[key]}); "
+                    "YAML would silently keep only the last one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            parent = _model_at(Config, e["loc"][:-1])
+            allowed = ", ".join(parent.model_fields) if parent else "?"
+            lines.append(f"  unknown key '{key}'; allowed here: {allowed}")
+        else:
+            lines.append(f"  '{key}': {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> Optional[type[BaseModel]]:
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            return None
+    return model
+
+
+def parse_config(data: Union[dict, None], source: str = "<dict>") -> Config:
+    """Validate a plain mapping (parsed YAML or an API payload) into a Config."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid config {source}: the top level must be a mapping, not {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from None
+
+
+def load_config(path: Union[str, Path]) -> Config:
+    """Read and validate a YAML config file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    loader = _UniqueKeyLoader(text)
+    loader.name = str(path)
+    try:
+        data = loader.get_single_data()
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    finally:
+        loader.dispose()
+    return parse_config(data, str(path))
+
+
+def render_example(example_paths: Optional[list[str]] = None) -> str:
+    """configs/example.yaml: every option at its default, each with its description as a comment."""
+    import textwrap
+
+    out = [
+        "# Every corpusmill option, at its default, with what it does.",
+        "# Generated from pipeline/config.py by `corpusmill config example`; a test keeps the two in step.",
+        "# Paths are relative to the directory corpusmill runs in.",
+    ]
+
+    def emit(model: BaseModel, indent: int) -> None:
+        pad = "  " * indent
+        for name, field in type(model).model_fields.items():
+            value = getattr(model, name)
+            if field.description:
+                for line in textwrap.wrap(field.description, 100 - len(pad)):
+                    out.append(f"{pad}# {line}")
+            if isinstance(value, BaseModel):
+                out.append(f"{pad}{name}:")
+                emit(value, indent + 1)
+            else:
+                dumped = yaml.safe_dump({name: value}, default_flow_style=True, allow_unicode=True).strip()
+                out.append(pad + dumped.strip("{}"))
+
+    cfg = Config()
+    if example_paths:
+        cfg.input.paths = example_paths
+    emit(cfg, 0)
+    return "\n".join(out) + "\n"
+
+
+EXAMPLE_PATHS = ["data/en", "data/zh/*.jsonl.gz"]

@@ -1,0 +1,64 @@
+"""The document ledger: every input document ends kept, filtered, a duplicate, or quarantined.
+
+The pipeline checks the balance itself, per stage and overall, and refuses to finish a run whose
+counts do not add up.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+FILTER_STAGES = ("normalize", "filter")
+DEDUP_STAGES = ("exact_dedup",)
+
+
+class LedgerError(RuntimeError):
+    """Documents were lost or double-counted between stages."""
+
+
+def _removed_total(stage: dict) -> int:
+    return int(sum((stage.get("removed") or {}).values()))
+
+
+def build_ledger(stats: dict[str, dict], doc_stages: list[str]) -> dict[str, Any]:
+    """Counts per stage and overall, with `input == kept + filtered + duplicates + quarantined` checked."""
+    problems = []
+    previous_out = None
+    stages: dict[str, Any] = {}
+    for name in doc_stages:
+        s = stats[name]
+        docs_in, docs_out, removed = s["docs_in"], s["docs_out"], _removed_total(s)
+        if docs_in != docs_out + removed:
+            problems.append(f"stage {name}: {docs_in} in != {docs_out} out + {removed} removed")
+        if previous_out is not None and docs_in != previous_out:
+            problems.append(f"stage {name} received {docs_in} documents but the stage before passed on {previous_out}")
+        previous_out = docs_out
+        stages[name] = {"in": docs_in, "out": docs_out, "removed": dict(s.get("removed") or {})}
+    read = stats["read"]
+    ledger: dict[str, Any] = {
+        "input": int(read["docs_in"]),
+        "kept": int(stats[doc_stages[-1]]["docs_out"]),
+        "filtered": sum(_removed_total(stats[n]) for n in doc_stages if n in FILTER_STAGES),
+        "duplicates": sum(_removed_total(stats[n]) for n in doc_stages if n in DEDUP_STAGES),
+        "quarantined": int(read["quarantined"]),
+    }
+    total = ledger["kept"] + ledger["filtered"] + ledger["duplicates"] + ledger["quarantined"]
+    if ledger["input"] != total:
+        problems.append(
+            f"input {ledger['input']} != kept {ledger['kept']} + filtered {ledger['filtered']} + "
+            f"duplicates {ledger['duplicates']} + quarantined {ledger['quarantined']} (= {total})"
+        )
+    if problems:
+        raise LedgerError("the document ledger does not add up: " + "; ".join(problems))
+    ledger["balanced"] = True
+    ledger["blank_lines_skipped"] = int(read.get("blank_lines", 0))
+    ledger["stages"] = stages
+    if "tokenize" in stats:
+        ledger["tokens"] = int(stats["tokenize"]["tokens"])
+    if "pack" in stats:
+        p = stats["pack"]
+        ledger["packing"] = {k: int(p[k]) for k in ("tokens_in", "windows", "docs_split", "tokens_dropped", "pad_tokens")}
+    if "shard" in stats:
+        ledger["samples"] = int(stats["shard"]["samples"])
+        ledger["samples_per_rank"] = int(stats["shard"]["samples_per_rank"])
+        ledger["samples_dropped_for_equal_ranks"] = int(stats["shard"]["dropped_samples"])
+    return ledger

@@ -1,0 +1,108 @@
+"""report.md: what a person reads after a run — counts, reasons, examples, tokens, shards, timing."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+
+def _pct(n: int, total: int) -> str:
+    return f"{100 * n / total:.1f}%" if total else "-"
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ⏎ ").replace("`", "'")
+
+
+def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: Optional[dict]) -> str:
+    total = ledger["input"]
+    lines = ["# corpusmill run report", ""]
+    run = ledger.get("run", {})
+    lines += [f"corpusmill {run.get('corpusmill_version', '?')}, finished {run.get('finished_utc', '?')}, "
+              f"wall time {run.get('wall_s', 0):.1f}s"
+              + (f"; resumed (skipped): {', '.join(run['resumed_stages'])}" if run.get("resumed_stages") else ""), ""]
+
+    lines += ["## Documents", "", "| outcome | documents | share of input |", "|---|---:|---:|"]
+    for key in ("input", "kept", "filtered", "duplicates", "quarantined"):
+        lines.append(f"| {key} | {ledger[key]:,} | {_pct(ledger[key], total)} |")
+    lines += ["", f"Check: input {ledger['input']:,} = kept {ledger['kept']:,} + filtered {ledger['filtered']:,} + "
+              f"duplicates {ledger['duplicates']:,} + quarantined {ledger['quarantined']:,}: "
+              f"**{'balanced' if ledger.get('balanced') else 'NOT balanced'}**."]
+    if ledger.get("blank_lines_skipped"):
+        lines.append(f"({ledger['blank_lines_skipped']:,} blank input lines held no document and were skipped.)")
+    lines.append("")
+
+    lines += ["## Stages", "", "| stage | in | out | removed | seconds |", "|---|---:|---:|---:|---:|"]
+    for name, s in ledger["stages"].items():
+        lines.append(f"| {name} | {s['in']:,} | {s['out']:,} | {sum(s['removed'].values()):,} | {seconds.get(name, 0):.1f} |")
+    for name in ("tokenize", "pack", "shard"):
+        if name in stats:
+            lines.append(f"| {name} | | | | {seconds.get(name, 0):.1f} |")
+    lines.append("")
+
+    lines += ["## Removed, by stage and reason", "", "| stage | reason | documents | share of input |", "|---|---|---:|---:|"]
+    for name, s in ledger["stages"].items():
+        for reason, n in sorted(s["removed"].items(), key=lambda kv: -kv[1]):
+            lines.append(f"| {name} | {reason} | {n:,} | {_pct(n, total)} |")
+    lines.append("")
+
+    q = extra.get("read", {}).get("quarantine_examples") or []
+    if q:
+        lines += ["### Quarantined records (first 10; all in `00-read/quarantine.jsonl`)", "",
+                  "| file | line | reason |", "|---|---:|---|"]
+        for rec in q[:10]:
+            lines.append(f"| {rec['file']} | {rec['line'] if rec['line'] is not None else '-'} | {_md_escape(rec['reason'])} |")
+        lines.append("")
+    examples = extra.get("filter", {}).get("examples") or {}
+    if examples:
+        lines += ["### Filtered examples (first 300 characters)", ""]
+        for reason, items in examples.items():
+            for item in items:
+                lines.append(f"- `{reason}` (score {item['score']:g}) {item['id']}: {_md_escape(item['text'])!s}")
+        lines.append("")
+    dups = extra.get("exact_dedup", {}).get("examples") or []
+    if dups:
+        lines += ["### Exact duplicates (first 10)", "", "| removed | duplicate of | cluster size |", "|---|---|---:|"]
+        for d in dups:
+            lines.append(f"| {_md_escape(str(d['id']))} | {_md_escape(str(d['duplicate_of_id']))} | {d['cluster_size']} |")
+        lines.append("")
+
+    tok = extra.get("tokenize", {}).get("tokenizer")
+    if tok:
+        lines += ["## Tokenizer", "",
+                  f"- model: `{tok['path']}` ({tok['origin']}), sha256 `{tok['sha256'][:16]}…`",
+                  f"- vocabulary {tok['vocab_size']:,}; bos {tok['bos_id']}, eos {tok['eos_id']}, unk {tok['unk_id']}, "
+                  f"pad {tok['pad_id']} ({tok['pad_source']})",
+                  f"- sample of {tok['sample_docs']} documents: <unk> rate {tok['unk_rate']:.4%}, "
+                  f"encode→decode mismatches {tok['roundtrip_mismatch_rate']:.1%}"]
+        if tok.get("model_vocab_size"):
+            lines.append(f"- model vocab_size {tok['model_vocab_size']:,}; embedding rows never trained: {tok['unused_embedding_rows']:,}")
+        for w in tok.get("warnings", []):
+            lines.append(f"- warning: {w}")
+        lines.append("")
+    if "tokenize" in stats:
+        t = stats["tokenize"]
+        lines += ["## Tokens, packing and shards", "",
+                  f"- {t['docs_in']:,} documents → {t['tokens']:,} tokens ({t['tokens'] / max(1, t['docs_in']):.0f} per document)"]
+    if "pack" in stats:
+        p = stats["pack"]
+        lines += [f"- packed into {p['windows']:,} windows; {p['docs_split']:,} documents cut at a window boundary; "
+                  f"{p['tokens_dropped']:,} tokens dropped (last incomplete window), {p['pad_tokens']:,} pad tokens"]
+    if "shard" in stats:
+        s = stats["shard"]
+        lines += [f"- {s['samples']:,} samples in {s['files']} MindRecord files: {s['samples_per_rank']:,} per rank, "
+                  f"{s['dropped_samples']:,} dropped so every rank holds the same count; {s['tokens']:,} tokens, "
+                  f"{s['bytes'] / 1e6:.1f} MB (`shards/manifest.json`)"]
+    lines.append("")
+    if train:
+        lines += ["## Training", "",
+                  f"- {train['steps']} steps on rank {train['rank']}: loss {train['first_loss']:.3f} → {train['last_loss']:.3f} "
+                  f"(mean of first/last 10%: {train['loss_start_mean']:.3f} → {train['loss_end_mean']:.3f})",
+                  f"- {train['tokens'] / max(train['wall_s'], 1e-9):,.0f} tokens/s; waiting for data "
+                  f"{100 * train['data_wait_share']:.1f}% of the time; metrics in `train/metrics.jsonl`", ""]
+    return "\n".join(lines)
+
+
+def write_report(out: Path, ledger: dict, stats: dict, extra: dict, seconds: dict, train: Optional[dict]) -> Path:
+    path = Path(out) / "report.md"
+    path.write_text(render_report(ledger, stats, extra, seconds, train), encoding="utf-8")
+    return path

@@ -1,0 +1,421 @@
+"""Runs the stages in order over a run directory; the only place that knows the order of stages.
+
+Each stage writes its outputs (Parquet parts, removed/ audit rows) into its own folder and a
+`_DONE.json` completion marker last; `resume=True` skips a stage whose marker carries the same
+config hash. The ledger is checked by the code itself: input = kept + filtered + duplicates +
+quarantined, per stage and overall.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.parquet as pq
+from dask import delayed
+
+from stages import exact_dedup, filters, normalize, pack, read, shard, tokenize
+from stages.base import merge_stats, write_table_atomic
+
+from . import __version__
+from .config import Config
+from .engine import dask_client, run_tasks
+from .executor import run_batch_part, sample_part
+from .ledger import build_ledger
+from .report import write_report
+
+Log = Callable[[str], None]
+
+STAGE_DIRS = {
+    "read": "00-read",
+    "normalize": "01-normalize",
+    "filter": "02-filter",
+    "exact_dedup": "03-exact_dedup",
+    "tokenize": "04-tokenize",
+    "pack": "05-pack",
+    "shard": "shards",
+}
+
+
+class PipelineError(RuntimeError):
+    """A run could not complete; the message says which stage and why."""
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _write_json_atomic(path: Path, payload: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@dataclass
+class RunResult:
+    out: Path
+    ledger: dict
+    stages: dict
+    train: Optional[dict] = None
+    skipped: list = field(default_factory=list)
+
+
+class Pipeline:
+    """One run of the configured flow into `out`."""
+
+    def __init__(self, cfg: Config, out: str | Path, *, resume: bool = False, client=None, log: Log = print):
+        self.cfg, self.out, self.resume, self.log = cfg, Path(out), resume, log
+        self.client_arg = client
+        self.stats: dict[str, dict] = {}
+        self.seconds: dict[str, float] = {}
+        self.skipped: list[str] = []
+        self.extra: dict[str, Any] = {}
+        self.doc_stages: list[str] = []
+
+    # ---- run directory ------------------------------------------------------------------
+    def stage_dir(self, name: str) -> Path:
+        return self.out / STAGE_DIRS[name]
+
+    def parts(self, name: str) -> list[str]:
+        return sorted(str(p) for p in self.stage_dir(name).glob("part-*.parquet"))
+
+    def _stage(self, name: str, config_hash: str, body: Callable[[Path], dict], summary: Callable[[dict], str]) -> dict:
+        """Run `body` into a fresh stage folder unless a matching completion marker says it is done."""
+        folder = self.stage_dir(name)
+        marker_path = folder / "_DONE.json"
+        if self.resume and marker_path.is_file():
+            marker = json.loads(marker_path.read_text(encoding="utf-8"))
+            if marker.get("config_hash") == config_hash:
+                self.stats[name] = marker["stats"]
+                self.extra[name] = marker.get("extra", {})
+                self.seconds[name] = marker.get("seconds", 0.0)
+                self.skipped.append(name)
+                self.log(f"[{name}] done in an earlier run (config unchanged): {summary(marker['stats'])}; skipped")
+                return marker["stats"]
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        start = time.perf_counter()
+        stats = body(folder)
+        seconds = time.perf_counter() - start
+        self.stats[name], self.seconds[name] = stats, seconds
+        marker = {
+            "stage": name,
+            "config_hash": config_hash,
+            "stats": stats,
+            "extra": self.extra.get(name, {}),
+            "seconds": seconds,
+            "finished_utc": _utc_now(),
+        }
+        _write_json_atomic(marker_path, marker)
+        self.log(f"[{name}] {summary(stats)} in {seconds:.1f}s")
+        return stats
+
+    def _map(self, in_name: str, folder: Path, fn: Callable, kwargs: dict, reader: str = "pandas") -> tuple[dict, list]:
+        tasks = [delayed(run_batch_part)(fn, p, str(folder), reader, kwargs) for p in self.parts(in_name)]
+        results = run_tasks(self.client, tasks, folder.name)
+        total: dict = {}
+        for r in results:
+            merge_stats(total, r["stats"])
+        return total, results
+
+    # ---- the flow -----------------------------------------------------------------------
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+        started = time.perf_counter()
+        files = read.expand_inputs(cfg.input.paths)
+        identity = [(f, os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files]
+        h = cfg.section_hash("input", extra=identity)
+        hashes = {"read": h}
+        with dask_client(cfg.cluster, self.client_arg, self.log) as client:
+            self.client = client
+            self._stage("read", h, lambda d: self._read(d, files), _docs_summary)
+            self.doc_stages = ["read", "normalize", "filter"]
+            h = hashes["normalize"] = cfg.section_hash("normalize", extra=h)
+            self._stage("normalize", h, lambda d: self._map("read", d, normalize.normalize_batch, cfg.normalize.model_dump())[0], _docs_summary)
+            h = hashes["filter"] = cfg.section_hash("filter", extra=h)
+            self._stage("filter", h, self._filter, _docs_summary)
+            last = "filter"
+            if cfg.dedup.exact:
+                h = hashes["exact_dedup"] = cfg.section_hash("dedup", extra=h)
+                self._stage("exact_dedup", h, self._exact_dedup, _docs_summary)
+                self.doc_stages.append("exact_dedup")
+                last = "exact_dedup"
+            # the ledger is checked before the long tokenizer work starts
+            build_ledger(self.stats, self.doc_stages)
+            h = hashes["tokenize"] = cfg.section_hash("tokenizer", extra=[h, cfg.train.model.vocab_size])
+            self._stage("tokenize", h, lambda d: self._tokenize(d, last), _token_summary)
+            h = hashes["pack"] = cfg.section_hash("pack", extra=h)
+            self._stage("pack", h, self._pack, _pack_summary)
+            h = hashes["shard"] = cfg.section_hash("shard", extra=h)
+            self._stage("shard", h, lambda d: self._shard(d, h), _shard_summary)
+        ledger = build_ledger(self.stats, self.doc_stages)
+        ledger["run"] = {
+            "corpusmill_version": __version__,
+            "finished_utc": _utc_now(),
+            "wall_s": time.perf_counter() - started,
+            "seconds_per_stage": self.seconds,
+            "resumed_stages": self.skipped,
+        }
+        train_summary = None
+        if cfg.train.enabled:
+            from trainer.train import train
+
+            self.log("[train] starting")
+            train_summary = train(str(self.stage_dir("shard")), str(self.out / "train"), cfg.train, log=self.log)
+            ledger["run"]["wall_s"] = time.perf_counter() - started
+        _write_json_atomic(self.out / "ledger.json", ledger)
+        write_report(self.out, ledger, self.stats, self.extra, self.seconds, train_summary)
+        return RunResult(self.out, ledger, self.stats, train_summary, self.skipped)
+
+    # ---- stage bodies -------------------------------------------------------------------
+    def _read(self, folder: Path, files: list[str]) -> dict:
+        ic = self.cfg.input
+        units, to_count = read.plan_units(files, ic.block_size_mb << 20, ic.part_size_mb << 20)
+        if to_count:
+            counts = run_tasks(
+                self.client, [delayed(read.count_block_lines)(s.path, s.start, s.end) for s in to_count], "count lines"
+            )
+            running: dict[int, int] = {}
+            for seg, n in zip(to_count, counts):
+                seg.first_line = running.get(seg.file_index, 0) + 1
+                running[seg.file_index] = running.get(seg.file_index, 0) + n
+        opts = read.ReadOptions(ic.text_field, ic.id_field, ic.source_field, ic.part_size_mb << 20)
+        results = run_tasks(self.client, [delayed(read.read_unit)(u, opts, str(folder)) for u in units], "read")
+        stats: dict = {}
+        with open(folder / "quarantine.jsonl", "w", encoding="utf-8") as q:
+            for r in results:
+                merge_stats(stats, r["stats"])
+                for rec in r["quarantine"]:
+                    q.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        stats["input_files"] = len(files)
+        stats["removed"] = dict(stats.pop("quarantine_reasons", {}))
+        self.extra["read"] = {"quarantine_examples": [rec for r in results for rec in r["quarantine"]][:20]}
+        return stats
+
+    def _filter(self, folder: Path) -> dict:
+        f = self.cfg.filter
+        stats, _ = self._map("normalize", folder, filters.length_filter_batch,
+                             {"min_chars": f.min_chars, "min_words": f.min_words, "max_chars": f.max_chars})
+        self.extra["filter"] = {"examples": _removed_examples(folder / "removed", self.stage_dir("normalize"))}
+        return stats
+
+    def _exact_dedup(self, folder: Path) -> dict:
+        parts = self.parts("filter")
+        hashes = dd.from_map(
+            exact_dedup.hash_file,
+            parts,
+            meta=exact_dedup.HASH_META,
+            enforce_metadata=False,
+        )
+        removed_dir = folder / "removed"
+        dups = exact_dedup.find_exact_duplicates(hashes)
+        self.log("  exact_dedup: grouping hashes across partitions (Dask shuffle)")
+        dups.to_parquet(str(removed_dir), write_index=False, compute=False).compute()
+        removed = pq.read_table(str(removed_dir), columns=["uid"]) if any(removed_dir.glob("*.parquet")) else None
+        drop = np.sort(removed.column("uid").to_numpy()) if removed is not None else np.empty(0, np.int64)
+        drop_future = self.client.scatter(drop, broadcast=True)
+        tasks = [delayed(run_batch_part)(exact_dedup.drop_uids_batch, p, str(folder), "pandas", {"drop_sorted": drop_future})
+                 for p in parts]
+        results = run_tasks(self.client, tasks, "exact_dedup: remove")
+        stats: dict = {}
+        for r in results:
+            merge_stats(stats, r["stats"])
+        if len(drop):
+            examples = pq.read_table(str(removed_dir)).slice(0, 10).to_pylist()
+            self.extra["exact_dedup"] = {"examples": [{k: e[k] for k in ("id", "duplicate_of_id", "cluster_size")} for e in examples]}
+        return stats
+
+    def _tokenize(self, folder: Path, source_stage: str) -> dict:
+        tc = self.cfg.tokenizer
+        parts = self.parts(source_stage)
+        kept_docs = self.stats[source_stage]["docs_out"]
+        if kept_docs == 0:
+            raise PipelineError("no documents are left to tokenize: every input was filtered, removed or quarantined")
+        rate = min(1.0, tc.train.sample_docs / kept_docs)
+        max_chars = (tc.train.max_sample_mb << 20) // max(1, len(parts))
+        samples = run_tasks(
+            self.client, [delayed(sample_part)(p, tc.train.seed, rate, max_chars) for p in parts], "tokenize: sample"
+        )
+        sample = [t for chunk in samples for t in chunk]
+        model_path = folder / "tokenizer.model"
+        if tc.model:
+            if not os.path.isfile(tc.model):
+                raise PipelineError(f"tokenizer.model {tc.model} does not exist")
+            shutil.copyfile(tc.model, model_path)
+            origin = f"given ({tc.model})"
+        else:
+            sample_file = folder / "tokenizer_sample.txt"
+            lines = tokenize.write_training_sample(sample, sample_file)
+            self.log(f"  tokenize: training a {tc.train.model_type} tokenizer (vocab {tc.train.vocab_size}) "
+                     f"on {len(sample)} sampled documents ({lines} lines)")
+            trained = tokenize.train_tokenizer(
+                sample_file, folder / "tokenizer", vocab_size=tc.train.vocab_size, model_type=tc.train.model_type,
+                character_coverage=tc.train.character_coverage, byte_fallback=tc.train.byte_fallback,
+                seed=tc.train.seed, num_threads=os.cpu_count() or 1,
+            )
+            sample_file.unlink()
+            origin = "trained on this corpus"
+        rng = np.random.default_rng(tc.train.seed)
+        check_sample = [sample[i] for i in sorted(rng.choice(len(sample), size=min(200, len(sample)), replace=False))]
+        try:
+            report = tokenize.check_tokenizer(
+                str(model_path), add_bos=tc.add_bos, add_eos=tc.add_eos, pad_id=tc.pad_id,
+                model_vocab_size=self.cfg.train.model.vocab_size, sample_texts=check_sample,
+                max_unk_rate=tc.max_unk_rate,
+            )
+        except tokenize.TokenizerError as e:
+            raise PipelineError(str(e)) from None
+        for w in report.warnings:
+            self.log(f"  tokenize: warning: {w}")
+        info = dict(report.__dict__)
+        info["origin"] = origin
+        info["path"] = str(model_path)
+        self.extra["tokenize"] = {"tokenizer": info}
+        stats, _ = self._map(source_stage, folder, tokenize.tokenize_batch,
+                             {"model_path": str(model_path), "add_bos": tc.add_bos, "add_eos": tc.add_eos,
+                              "batch_docs": tc.batch_docs})
+        return stats
+
+    def _pack(self, folder: Path) -> dict:
+        window = self.cfg.pack.seq_length + 1
+        stats, results = self._map("tokenize", folder, pack.pack_batch, {"window": window}, reader="arrow")
+        tails = [r["extra"] for r in results]
+        pad_id = self.extra["tokenize"]["tokenizer"]["pad_id"]
+        table, tail_stats = pack.pack_tails(tails, window, self.cfg.pack.remainder, pad_id)
+        if table.num_rows:
+            write_table_atomic(table, folder / "part-tail.parquet")
+        stats["windows"] += tail_stats.pop("windows")
+        stats.update(tail_stats)
+        return stats
+
+    def _shard(self, folder: Path, config_hash: str) -> dict:
+        sc, window = self.cfg.shard, self.cfg.pack.seq_length + 1
+        parts = self.parts("pack")
+        counts = [pq.ParquetFile(p).metadata.num_rows for p in parts]
+        total = int(sum(counts))
+        try:
+            plan = shard.plan_shards(total, sc.ranks, sc.files_per_rank)
+        except shard.ShardError as e:
+            raise PipelineError(str(e)) from None
+        inv = shard.positions(total, sc.seed)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        slices = [inv[offsets[i]:offsets[i + 1]] for i in range(len(parts))]
+        meta = pd.DataFrame({
+            "pos": pd.Series(dtype="int64"), "n_pad": pd.Series(dtype="int32"),
+            "input_ids": pd.Series(dtype=pd.ArrowDtype(pa.binary())),
+        })
+        windows = dd.from_map(shard.load_windows, parts, slices, used=plan.used, meta=meta, enforce_metadata=False)
+        divisions = plan.file_bounds[:-1] + [plan.used - 1]
+        by_file = windows.set_index("pos", divisions=divisions)
+        staging = self.out / "shards.tmp"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+        n_files = sc.ranks * sc.files_per_rank
+        tasks = []
+        for i, part in enumerate(by_file.to_delayed()):
+            rank, f = plan.file_of(i)
+            tasks.append(delayed(shard.write_mindrecord)(part, str(staging / shard.file_name(rank, f)), window, sc.write_batch))
+        assert len(tasks) == n_files, (len(tasks), n_files)
+        self.log(f"  shard: {total} samples -> {sc.ranks} ranks x {plan.per_rank} samples "
+                 f"({plan.dropped} dropped for equal ranks), {n_files} MindRecord files")
+        written = run_tasks(self.client, tasks, "shard: shuffle + write + verify")
+        files = []
+        for i, w in enumerate(written):
+            rank, f = plan.file_of(i)
+            files.append({"path": shard.file_name(rank, f), "rank": rank, **w})
+        per_rank = {r: sum(x["samples"] for x in files if x["rank"] == r) for r in range(sc.ranks)}
+        if set(per_rank.values()) != {plan.per_rank}:
+            raise PipelineError(f"ranks hold unequal sample counts after writing: {per_rank}")
+        tok = self.extra["tokenize"]["tokenizer"]
+        shutil.copyfile(tok["path"], staging / "tokenizer.model")
+        manifest = {
+            "format": "corpusmill-shards/1",
+            "corpusmill_version": __version__,
+            "config_hash": config_hash,
+            "created_utc": _utc_now(),
+            "seq_length": self.cfg.pack.seq_length,
+            "sample_length": window,
+            "vocab_size": tok["vocab_size"],
+            "tokenizer": {k: tok[k] for k in ("sha256", "bos_id", "eos_id", "unk_id", "pad_id", "pad_source", "vocab_size")}
+            | {"path": "tokenizer.model", "add_bos": self.cfg.tokenizer.add_bos, "add_eos": self.cfg.tokenizer.add_eos},
+            "columns": {"input_ids": {"type": "int32", "shape": [window],
+                                      "note": "seq_length + 1 ids; the model shifts by one for labels; EOS ends every document"}},
+            "layout": sc.layout,
+            "ranks": sc.ranks,
+            "files_per_rank": sc.files_per_rank,
+            "samples_per_rank": plan.per_rank,
+            "total_samples": plan.used,
+            "dropped_samples": plan.dropped,
+            "total_tokens": sum(x["tokens"] for x in files),
+            "shuffle_seed": sc.seed,
+            "files": files,
+        }
+        _write_json_atomic(staging / "manifest.json", manifest)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)  # rename the folder, never the MindRecord files
+        return {
+            "windows_in": total,
+            "samples": plan.used,
+            "samples_per_rank": plan.per_rank,
+            "dropped_samples": plan.dropped,
+            "files": n_files,
+            "tokens": manifest["total_tokens"],
+            "bytes": sum(x["bytes"] for x in files),
+        }
+
+
+def _removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3) -> dict:
+    """A few removed documents per reason, with the first 300 characters of their text."""
+    files = sorted(removed_dir.glob("*.parquet"))[:8]
+    if not files:
+        return {}
+    removed = pd.concat([pq.read_table(str(f)).to_pandas() for f in files], ignore_index=True)
+    picked = removed.groupby("reason").head(per_reason)
+    want = set(picked["uid"].tolist())
+    texts: dict[int, str] = {}
+    for f in sorted(text_dir.glob("part-*.parquet")):
+        t = pq.read_table(f, columns=["uid", "text"])
+        mask = pa.compute.is_in(t.column("uid"), value_set=pa.array(sorted(want), type=pa.int64()))
+        for row in t.filter(mask).to_pylist():
+            texts[row["uid"]] = row["text"][:300]
+        if len(texts) == len(want):
+            break
+    out: dict = {}
+    for row in picked.itertuples():
+        out.setdefault(row.reason, []).append({"id": row.id, "score": row.score, "text": texts.get(int(row.uid), "")})
+    return out
+
+
+def _docs_summary(s: dict) -> str:
+    removed = s.get("removed") or {}
+    detail = ", ".join(f"{k} {v}" for k, v in sorted(removed.items()))
+    return f"{s.get('docs_in', 0)} docs in -> {s.get('docs_out', 0)} out" + (f" (removed: {detail})" if detail else "")
+
+
+def _token_summary(s: dict) -> str:
+    return f"{s['docs_in']} docs -> {s['tokens']} tokens"
+
+
+def _pack_summary(s: dict) -> str:
+    return (f"{s['tokens_in']} tokens -> {s['windows']} windows; {s['docs_split']} docs cut at a window boundary; "
+            f"{s['tokens_dropped']} tokens dropped, {s['pad_tokens']} pad tokens")
+
+
+def _shard_summary(s: dict) -> str:
+    return (f"{s['samples']} samples in {s['files']} files ({s['samples_per_rank']} per rank, "
+            f"{s['dropped_samples']} dropped), {s['bytes'] / 1e6:.1f} MB")

@@ -1,0 +1,94 @@
+"""What every stage shares: the document schema, stats that add up, and atomic Parquet I/O.
+
+A stage never knows about Dask or about other stages; the pipeline maps it over partitions and
+merges the stats each partition returns.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+# The document contract between stages (DESIGN.md): uid is int64 and unique across a run.
+DOC_SCHEMA = pa.schema(
+    [
+        ("uid", pa.int64()),
+        ("id", pa.string()),
+        ("text", pa.string()),
+        ("source", pa.string()),
+        ("meta", pa.string()),  # remaining input fields as JSON, or null
+    ]
+)
+
+REMOVED_SCHEMA = pa.schema(
+    [
+        ("uid", pa.int64()),
+        ("id", pa.string()),
+        ("source", pa.string()),
+        ("reason", pa.string()),
+        ("score", pa.float64()),
+        ("threshold", pa.float64()),
+        ("duplicate_of", pa.int64()),
+        ("duplicate_of_id", pa.string()),
+        ("cluster_size", pa.int64()),
+    ]
+)
+
+
+def merge_stats(total: dict, part: dict) -> dict:
+    """Add `part` into `total`: numbers add, nested dicts merge, anything else keeps the last value."""
+    for key, value in part.items():
+        if isinstance(value, dict):
+            merge_stats(total.setdefault(key, {}), value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            total[key] = total.get(key, 0) + value
+        else:
+            total[key] = value
+    return total
+
+
+@dataclass
+class BatchResult:
+    """What a batch stage returns for one partition."""
+
+    kept: pd.DataFrame
+    removed: Optional[pd.DataFrame] = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def removed_frame(rows: pd.DataFrame, reason: Any, score: Any = None, threshold: Any = None, **extra: Any) -> pd.DataFrame:
+    """Build a removed-documents frame in REMOVED_SCHEMA from the rows of a document frame."""
+    out = pd.DataFrame(
+        {
+            "uid": rows["uid"].to_numpy(dtype="int64"),
+            "id": rows["id"].to_numpy(dtype=object),
+            "source": rows["source"].to_numpy(dtype=object) if "source" in rows else None,
+        }
+    )
+    out["reason"] = reason if not isinstance(reason, pd.Series) else reason.to_numpy()
+    for name, value in (("score", score), ("threshold", threshold)):
+        out[name] = value.to_numpy() if isinstance(value, pd.Series) else value
+    for name in ("duplicate_of", "duplicate_of_id", "cluster_size"):
+        out[name] = extra.get(name)
+    return out
+
+
+def write_table_atomic(table: pa.Table, path: Path) -> None:
+    """Write Parquet to a temporary name then rename, so a killed run never leaves half a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+def write_frame(df: pd.DataFrame, path: Path, schema: pa.Schema) -> None:
+    write_table_atomic(pa.Table.from_pandas(df, schema=schema, preserve_index=False), path)
+
+
+def read_frame(path: Path, columns: Optional[list[str]] = None) -> pd.DataFrame:
+    return pq.read_table(path, columns=columns).to_pandas()

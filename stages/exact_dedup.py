@@ -1,0 +1,105 @@
+"""Exact deduplication: a 128-bit hash of the normalised text, grouped globally with Dask.
+
+Finding duplicates is kept apart from removing them: `find_exact_duplicates` returns the removed
+documents (each with the uid and id it duplicates and its cluster size); `drop_uids_batch` then
+removes them partition by partition.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import xxhash
+
+from .base import BatchResult
+
+HASH_META = pd.DataFrame(
+    {
+        "uid": pd.Series(dtype="int64"),
+        "id": pd.Series(dtype="string[pyarrow]"),
+        "source": pd.Series(dtype="string[pyarrow]"),
+        "h_hi": pd.Series(dtype="int64"),
+        "h_lo": pd.Series(dtype="int64"),
+    }
+)
+
+
+def hash_batch(df: pd.DataFrame) -> pd.DataFrame:
+    """uid, id, source and the xxh3-128 hash of the text as two int64 columns."""
+    digests = [xxhash.xxh3_128_digest(t.encode("utf-8")) for t in df["text"]]
+    pairs = np.frombuffer(b"".join(digests), dtype=np.int64).reshape(-1, 2) if digests else np.empty((0, 2), np.int64)
+    return pd.DataFrame(
+        {
+            "uid": df["uid"].to_numpy(dtype="int64"),
+            "id": df["id"].astype("string[pyarrow]").to_numpy(),
+            "source": df["source"].astype("string[pyarrow]").to_numpy(),
+            "h_hi": pairs[:, 0].copy(),
+            "h_lo": pairs[:, 1].copy(),
+        }
+    )
+
+
+def hash_file(path: str) -> pd.DataFrame:
+    """`hash_batch` of one Parquet part of documents."""
+    import pyarrow.parquet as pq
+
+    return hash_batch(pq.read_table(path, columns=["uid", "id", "source", "text"]).to_pandas())
+
+
+REMOVED_META = pd.DataFrame(
+    {
+        "uid": pd.Series(dtype="int64"),
+        "id": pd.Series(dtype="string[pyarrow]"),
+        "source": pd.Series(dtype="string[pyarrow]"),
+        "reason": pd.Series(dtype="string[pyarrow]"),
+        "score": pd.Series(dtype="float64"),
+        "threshold": pd.Series(dtype="float64"),
+        "duplicate_of": pd.Series(dtype="int64"),
+        "duplicate_of_id": pd.Series(dtype="string[pyarrow]"),
+        "cluster_size": pd.Series(dtype="int64"),
+    }
+)
+
+
+def duplicates_in_group(df: pd.DataFrame) -> pd.DataFrame:
+    """Within a frame holding *every* document of each hash it contains: the non-lowest uids."""
+    if df.empty:
+        return REMOVED_META.copy()
+    by_hash = df.groupby(["h_hi", "h_lo"], sort=False)["uid"]
+    keeper = by_hash.transform("min").to_numpy()
+    size = by_hash.transform("count").to_numpy()
+    dup = df["uid"].to_numpy() != keeper
+    id_of = pd.Series(df["id"].to_numpy(), index=df["uid"].to_numpy())
+    out = pd.DataFrame(
+        {
+            "uid": df["uid"].to_numpy()[dup],
+            "id": df["id"].to_numpy()[dup],
+            "source": df["source"].to_numpy()[dup],
+            "reason": "exact",
+            "score": 1.0,
+            "threshold": 1.0,
+            "duplicate_of": keeper[dup],
+            "duplicate_of_id": id_of.loc[keeper[dup]].to_numpy(),
+            "cluster_size": size[dup].astype("int64"),
+        }
+    )
+    return out.astype(REMOVED_META.dtypes.to_dict())
+
+
+def find_exact_duplicates(hashes):  # dask DataFrame -> dask DataFrame (lazy)
+    """Documents whose hash occurs at a lower uid, with `duplicate_of` (uid), `duplicate_of_id` and
+    `cluster_size`. One Dask shuffle on the hash puts every copy of a text in the same partition,
+    so memory per worker stays bounded; the grouping inside a partition is vectorised pandas."""
+    shuffled = hashes.shuffle(on=["h_hi", "h_lo"], npartitions=max(1, hashes.npartitions))
+    return shuffled.map_partitions(duplicates_in_group, meta=REMOVED_META)
+
+
+def drop_uids_batch(df: pd.DataFrame, drop_sorted: np.ndarray) -> BatchResult:
+    """Remove the documents whose uid is in `drop_sorted` (a sorted int64 array)."""
+    uids = df["uid"].to_numpy(dtype="int64")
+    if len(drop_sorted):
+        pos = np.searchsorted(drop_sorted, uids).clip(max=len(drop_sorted) - 1)
+        drop = drop_sorted[pos] == uids
+    else:
+        drop = np.zeros(len(uids), dtype=bool)
+    kept = df[~drop].reset_index(drop=True)
+    return BatchResult(kept=kept, stats={"docs_in": len(df), "docs_out": len(kept), "removed": {"exact": int(drop.sum())}})

@@ -1,0 +1,66 @@
+"""Unicode and whitespace normalisation, vectorised with Arrow's native string kernels (RE2).
+
+Runs before filtering and deduplication so that trivially different copies (full-width letters,
+stray control bytes, trailing spaces) hash the same.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .base import BatchResult
+
+ANSI_ESCAPE = r"\x1b\[[0-9;?]*[A-Za-z]"
+# Control (Cc, except tab and newline) and format (Cf: zero-width space/joiners, BOM, soft hyphen).
+CONTROL = r"[\x00-\x08\x0b-\x1f\x7f-\x9f\p{Cf}]"
+HSPACE = r"[\t\p{Zs}]+"
+# Full-width punctuation of Chinese text that NFKC would turn into ASCII (，→ , etc.).
+CJK_PUNCT = "！（），：；？～"
+_PROTECT = [(ch, chr(0xF0000 + i)) for i, ch in enumerate(CJK_PUNCT)]  # private-use stand-ins
+
+
+def normalize_array(
+    arr: pa.Array,
+    nfkc: bool = True,
+    strip_control: bool = True,
+    fold_whitespace: bool = True,
+    keep_cjk_punctuation: bool = True,
+) -> pa.Array:
+    """Normalise a string array; each step can be switched off."""
+    arr = pc.replace_substring(arr, "\r\n", "\n")
+    arr = pc.replace_substring(arr, "\r", "\n")
+    if nfkc:
+        if keep_cjk_punctuation:
+            for ch, stand_in in _PROTECT:
+                arr = pc.replace_substring(arr, ch, stand_in)
+        arr = pc.utf8_normalize(arr, form="NFKC")
+        if keep_cjk_punctuation:
+            for ch, stand_in in _PROTECT:
+                arr = pc.replace_substring(arr, stand_in, ch)
+    if strip_control:
+        arr = pc.replace_substring_regex(arr, ANSI_ESCAPE, "")
+        arr = pc.replace_substring_regex(arr, CONTROL, "")
+    if fold_whitespace:
+        arr = pc.replace_substring_regex(arr, HSPACE, " ")
+        arr = pc.replace_substring_regex(arr, r" ?\n ?", "\n")
+        arr = pc.replace_substring_regex(arr, r"\n{3,}", "\n\n")
+        arr = pc.utf8_trim_whitespace(arr)
+    return arr
+
+
+def normalize_batch(df: pd.DataFrame, **options: bool) -> BatchResult:
+    """Normalise the `text` column (options as in `normalize_array`); nothing is removed here."""
+    before = pa.array(df["text"], type=pa.string())
+    after = normalize_array(before, **options)
+    out = df.copy()
+    out["text"] = pd.array(after, dtype=pd.ArrowDtype(pa.string())) if len(after) else df["text"]
+    changed = int(pc.sum(pc.not_equal(before, after)).as_py() or 0) if len(before) else 0
+    stats = {
+        "docs_in": len(df),
+        "docs_out": len(df),
+        "docs_changed": changed,
+        "chars_in": int(pc.sum(pc.utf8_length(before)).as_py() or 0),
+        "chars_out": int(pc.sum(pc.utf8_length(after)).as_py() or 0),
+    }
+    return BatchResult(kept=out, stats=stats)

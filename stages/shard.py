@@ -1,0 +1,171 @@
+"""Seeded global shuffle of packed windows into per-rank MindRecord files with equal sample counts.
+
+Every window gets its position in a seeded permutation of all windows; positions past
+`ranks * (windows // ranks)` are dropped (counted) so every rank holds exactly the same number of
+samples. Dask sorts the windows by position into one partition per output file (`set_index` with
+the file boundaries as divisions), and each partition is written by one `FileWriter` and then read
+back with `MindDataset`: FileWriter silently drops rows whose dtype or shape does not match, and
+MindRecord has no checksums, so rows are counted and hashed on the way in and on the way back.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+SCHEMA_NAME = "corpusmill_pretrain"
+
+
+class ShardError(RuntimeError):
+    """Shards could not be written or did not read back as written."""
+
+
+@dataclass
+class ShardPlan:
+    total_windows: int
+    ranks: int
+    files_per_rank: int
+    per_rank: int
+    dropped: int
+    file_bounds: list[int]  # positions where each file starts, plus the end
+
+    @property
+    def used(self) -> int:
+        return self.per_rank * self.ranks
+
+    def file_of(self, index: int) -> tuple[int, int]:
+        return divmod(index, self.files_per_rank)
+
+
+def plan_shards(total_windows: int, ranks: int, files_per_rank: int) -> ShardPlan:
+    """Equal samples per rank; files of a rank differ by at most one sample."""
+    per_rank = total_windows // ranks
+    if per_rank < files_per_rank:
+        raise ShardError(
+            f"only {total_windows} samples for {ranks} ranks x {files_per_rank} files: every file needs at least "
+            "one sample (lower shard.ranks / shard.files_per_rank or pack.seq_length, or add data)"
+        )
+    bounds = []
+    for r in range(ranks):
+        for f in range(files_per_rank):
+            bounds.append(r * per_rank + (f * per_rank) // files_per_rank)
+    bounds.append(ranks * per_rank)
+    return ShardPlan(total_windows, ranks, files_per_rank, per_rank, total_windows - ranks * per_rank, bounds)
+
+
+def positions(total_windows: int, seed: int) -> np.ndarray:
+    """inv[g] = position of window g in a seeded random permutation of all windows."""
+    perm = np.random.default_rng(seed).permutation(total_windows)
+    inv = np.empty(total_windows, dtype=np.int64)
+    inv[perm] = np.arange(total_windows, dtype=np.int64)
+    return inv
+
+
+def load_windows(path: str, pos: np.ndarray, used: int) -> pd.DataFrame:
+    """One packed part with each window's shuffle position; windows past `used` are left out.
+
+    A window travels through Dask's shuffle as one Arrow binary value (its int32 ids, little
+    endian): Arrow-native, so no per-row pickling, and a type Dask's P2P shuffle can carry.
+    """
+    table = pq.read_table(path, columns=["input_ids", "n_pad"])
+    keep = pos < used
+    table = table.filter(pa.array(keep))
+    ids = table.column("input_ids").combine_chunks()
+    window = ids.type.list_size
+    flat = np.ascontiguousarray(ids.flatten().to_numpy(zero_copy_only=False), dtype="<i4")
+    n = len(ids)
+    offsets = (np.arange(n + 1, dtype=np.int64) * window * 4).astype(np.int32)
+    binary = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(flat)])
+    return pd.DataFrame(
+        {
+            "pos": pos[keep],
+            "n_pad": table.column("n_pad").to_numpy(),
+            "input_ids": pd.array(binary, dtype=pd.ArrowDtype(pa.binary())),
+        }
+    )
+
+
+def windows_of(part: pd.DataFrame, window: int) -> np.ndarray:
+    """The (rows, window) int32 matrix of a frame made by `load_windows`."""
+    blobs = part["input_ids"].tolist()
+    if not blobs:
+        return np.empty((0, window), np.int32)
+    return np.frombuffer(b"".join(blobs), dtype="<i4").astype(np.int32).reshape(len(blobs), -1)
+
+
+def file_name(rank: int, file_index: int) -> str:
+    """A distinct prefix per rank; the name ends in `.mindrecord` + digits as mindformers expects."""
+    return f"corpus-r{rank:04d}.mindrecord{file_index:02d}"
+
+
+def _row_digest(row: np.ndarray) -> int:
+    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(row, dtype=np.int32).tobytes())
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_mindrecord(part: pd.DataFrame, path: str, window: int, write_batch: int) -> dict[str, Any]:
+    """Write one file's samples (sorted by position) and verify them by reading back."""
+    from mindspore.mindrecord import FileWriter  # heavy import, only where files are written
+
+    part = part.sort_index()
+    matrix = windows_of(part, window)
+    if matrix.shape[1:] != (window,) and len(matrix):
+        raise ShardError(f"{path}: samples hold {matrix.shape[1]} ids, expected {window}")
+    rows = list(matrix)
+    digest_in = sum(_row_digest(r) for r in rows) % (1 << 64)
+    writer = FileWriter(path, shard_num=1, overwrite=True)
+    # The default 32 MiB page and 16 MiB header would make small shards mostly padding. A page must
+    # hold whole rows; the header holds one entry per page, so it only shrinks when pages are few.
+    page = min(1 << 25, max(1 << 20, 4 * window * write_batch))
+    writer.set_page_size(page)
+    if len(rows) * window * 4 // page < 1000:
+        writer.set_header_size(1 << 20)
+    writer.add_schema({"input_ids": {"type": "int32", "shape": [-1]}}, SCHEMA_NAME)
+    for start in range(0, len(rows), write_batch):
+        writer.write_raw_data([{"input_ids": r} for r in rows[start : start + write_batch]])
+    writer.commit()
+    for f in (path, path + ".db"):
+        os.chmod(f, 0o644)  # FileWriter creates 0600 files; training jobs often run as another user
+    count, digest_out = read_back(path, window)
+    if count != len(rows) or digest_out != digest_in:
+        raise ShardError(
+            f"{path}: wrote {len(rows)} samples but read back {count}"
+            + ("" if count != len(rows) else " with different contents")
+        )
+    return {
+        "samples": len(rows),
+        "tokens": int(len(rows) * window - part["n_pad"].sum()),
+        "pad_tokens": int(part["n_pad"].sum()),
+        "sha256": _sha256(path),
+        "db_sha256": _sha256(path + ".db"),
+        "bytes": os.path.getsize(path) + os.path.getsize(path + ".db"),
+    }
+
+
+def read_back(path: str, window: int) -> tuple[int, int]:
+    """Count and hash every sample of one MindRecord file through `MindDataset`."""
+    import mindspore.dataset as ds
+
+    data = ds.MindDataset([path], columns_list=["input_ids"], shuffle=False, num_parallel_workers=1)
+    count = 0
+    digest = 0
+    for (batch,) in data.batch(1024).create_tuple_iterator(output_numpy=True, num_epochs=1):
+        if batch.ndim != 2 or batch.shape[1] != window or batch.dtype != np.int32:
+            raise ShardError(f"{path}: read back samples of shape {batch.shape[1:]} {batch.dtype}, expected ({window},) int32")
+        count += len(batch)
+        digest = (digest + sum(_row_digest(r) for r in batch)) % (1 << 64)
+    return count, digest

@@ -1,0 +1,220 @@
+"""SentencePiece tokenization with safety checks before any long work.
+
+Encoding runs in native code over whole batches (one call per `batch_docs` documents) inside Dask
+worker processes; sentencepiece's own threads barely help. Tokens leave as Arrow `list<int32>`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import sentencepiece as spm
+
+from .base import BatchResult
+
+TOKEN_SCHEMA = pa.schema([("uid", pa.int64()), ("n_tokens", pa.int32()), ("input_ids", pa.list_(pa.int32()))])
+
+_CACHE: dict[str, spm.SentencePieceProcessor] = {}
+
+
+class TokenizerError(ValueError):
+    """The tokenizer cannot be used with this model or config."""
+
+
+def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
+    """Load a .model once per process (Dask workers keep it between partitions)."""
+    key = os.path.abspath(path)
+    sp = _CACHE.get(key)
+    if sp is None:
+        if not os.path.isfile(path):
+            raise TokenizerError(f"tokenizer model {path} does not exist")
+        sp = spm.SentencePieceProcessor()
+        try:
+            sp.Load(path)
+        except Exception as e:  # noqa: BLE001 - sentencepiece raises bare OSError/RuntimeError
+            raise TokenizerError(f"{path} is not a SentencePiece model: {e}") from None
+        _CACHE[key] = sp
+    return sp
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class TokenizerReport:
+    """What the checks found; every figure goes into the report and the manifest."""
+
+    path: str
+    sha256: str
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+    unk_id: int
+    pad_id: int
+    pad_source: str
+    model_vocab_size: Optional[int] = None
+    unused_embedding_rows: int = 0
+    sample_docs: int = 0
+    sample_tokens: int = 0
+    unk_rate: float = 0.0
+    top_unk_chars: list = field(default_factory=list)
+    roundtrip_mismatch_rate: float = 0.0
+    roundtrip_examples: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+
+
+def check_tokenizer(
+    path: str,
+    *,
+    add_bos: bool,
+    add_eos: bool,
+    pad_id: Optional[int],
+    model_vocab_size: Optional[int],
+    sample_texts: list[str],
+    max_unk_rate: float = 0.01,
+) -> TokenizerReport:
+    """Refuse a tokenizer that would corrupt training, before any long work starts."""
+    sp = load_tokenizer(path)
+    vocab = sp.GetPieceSize()
+    bos, eos, unk, model_pad = sp.bos_id(), sp.eos_id(), sp.unk_id(), sp.pad_id()
+    problems = []
+    if add_eos and eos < 0:
+        problems.append("add_eos is set but the tokenizer has no EOS piece")
+    if add_bos and bos < 0:
+        problems.append("add_bos is set but the tokenizer has no BOS piece")
+    specials = {name: i for name, i in (("bos", bos), ("eos", eos), ("unk", unk)) if i >= 0}
+    if len(set(specials.values())) != len(specials):
+        problems.append(f"special ids are not distinct: {specials}")
+    if pad_id is not None:
+        chosen_pad, pad_source = pad_id, "config"
+    elif model_pad >= 0:
+        chosen_pad, pad_source = model_pad, "tokenizer"
+    else:
+        chosen_pad, pad_source = unk, "unk (the tokenizer defines no pad)"
+    if not 0 <= chosen_pad < vocab:
+        problems.append(f"pad id {chosen_pad} is outside the vocabulary (0..{vocab - 1})")
+    report = TokenizerReport(path, file_sha256(path), vocab, bos, eos, unk, chosen_pad, pad_source, model_vocab_size)
+    if model_vocab_size is not None:
+        if vocab > model_vocab_size:
+            problems.append(
+                f"tokenizer vocabulary ({vocab}) is larger than the model's vocab_size ({model_vocab_size}): "
+                "ids past the embedding would crash or corrupt training"
+            )
+        elif vocab < model_vocab_size:
+            report.unused_embedding_rows = model_vocab_size - vocab
+            report.warnings.append(
+                f"model vocab_size {model_vocab_size} > tokenizer vocabulary {vocab}: "
+                f"{model_vocab_size - vocab} embedding rows can never be trained"
+            )
+    if problems:
+        raise TokenizerError(f"tokenizer {path}: " + "; ".join(problems))
+
+    if sample_texts:
+        ids = sp.encode(sample_texts, out_type=int)
+        report.sample_docs = len(sample_texts)
+        report.sample_tokens = sum(len(x) for x in ids)
+        unk_count = sum(x.count(unk) for x in ids) if unk >= 0 else 0
+        report.unk_rate = unk_count / max(1, report.sample_tokens)
+        if unk_count:
+            chars: dict[str, int] = {}
+            for text, seq in zip(sample_texts, ids):
+                if unk in seq:
+                    for ch in set(text):
+                        if unk in sp.encode(ch, out_type=int):
+                            chars[ch] = chars.get(ch, 0) + text.count(ch)
+            report.top_unk_chars = sorted(chars.items(), key=lambda kv: -kv[1])[:10]
+        decoded = sp.decode(ids)
+        bad = [(t, d) for t, d in zip(sample_texts, decoded) if t != d]
+        report.roundtrip_mismatch_rate = len(bad) / len(sample_texts)
+        report.roundtrip_examples = [{"text": t[:120], "decoded": d[:120]} for t, d in bad[:3]]
+        if report.unk_rate > max_unk_rate:
+            raise TokenizerError(
+                f"tokenizer {path}: {report.unk_rate:.2%} of sample tokens are <unk> (limit {max_unk_rate:.2%}); "
+                f"most frequent unknown characters: {report.top_unk_chars}"
+            )
+        if report.roundtrip_mismatch_rate:
+            report.warnings.append(
+                f"{report.roundtrip_mismatch_rate:.1%} of sample documents do not survive encode->decode unchanged"
+            )
+    return report
+
+
+def write_training_sample(texts: list[str], path: Path) -> int:
+    """One sentence per line, as SentencePiece's trainer expects; returns lines written."""
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for text in texts:
+            for line in text.split("\n"):
+                if line.strip():
+                    f.write(line)
+                    f.write("\n")
+                    n += 1
+    return n
+
+
+def train_tokenizer(sample_file: Path, model_prefix: Path, *, vocab_size: int, model_type: str,
+                    character_coverage: float, byte_fallback: bool, seed: int, num_threads: int) -> str:
+    """Train a SentencePiece model suited to mixed Chinese/English text; returns the .model path.
+
+    Ids: unk 0, bos 1, eos 2, pad 3. Normalisation is identity (the pipeline already normalised) and
+    whitespace is kept, so encode->decode round-trips; newline is its own piece.
+    """
+    random.seed(seed)
+    spm.SentencePieceTrainer.train(
+        input=str(sample_file),
+        model_prefix=str(model_prefix),
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        byte_fallback=byte_fallback,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=3,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        user_defined_symbols=["\n"],
+        max_sentence_length=16384,
+        input_sentence_size=2_000_000,
+        shuffle_input_sentence=True,
+        hard_vocab_limit=False,
+        num_threads=num_threads,
+        minloglevel=2,
+    )
+    return f"{model_prefix}.model"
+
+
+def tokenize_batch(df: pd.DataFrame, model_path: str, add_bos: bool, add_eos: bool, batch_docs: int) -> BatchResult:
+    """Encode the `text` column into `input_ids` (list<int32>), BOS/EOS per config."""
+    sp = load_tokenizer(model_path)
+    texts = df["text"].tolist()
+    lengths: list[int] = []
+    chunks: list[np.ndarray] = []
+    for start in range(0, len(texts), batch_docs):
+        for ids in sp.encode(texts[start : start + batch_docs], out_type=int, add_bos=add_bos, add_eos=add_eos):
+            lengths.append(len(ids))
+            chunks.append(np.asarray(ids, dtype=np.int32))
+    values = np.concatenate(chunks) if chunks else np.empty(0, np.int32)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=pa.int32()))
+    table = pa.Table.from_arrays(
+        [pa.array(df["uid"].to_numpy(dtype="int64")), pa.array(np.asarray(lengths, dtype=np.int32)), lists],
+        schema=TOKEN_SCHEMA,
+    )
+    stats = {"docs_in": len(df), "docs_out": len(df), "tokens": int(values.size), "chars": int(sum(map(len, texts)))}
+    return BatchResult(kept=table, stats=stats)

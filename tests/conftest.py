@@ -1,0 +1,34 @@
+"""Shared fixtures: a real Dask LocalCluster (worker processes) and corpus-writing helpers."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("GLOG_v", "3")
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def dask_client():
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    client = Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
+def write_jsonl(path: Path, records: list, raw_lines: dict | None = None) -> Path:
+    """Write records as JSONL; `raw_lines` maps a 0-based position to raw bytes inserted there."""
+    raw_lines = raw_lines or {}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        for i, rec in enumerate(records):
+            if i in raw_lines:
+                f.write(raw_lines[i])
+            f.write(json.dumps(rec, ensure_ascii=False).encode() + b"\n")
+    return path

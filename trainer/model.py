@@ -1,0 +1,141 @@
+"""A Llama-style decoder in MindSpore: RMSNorm, rotary embeddings, SwiGLU, causal attention.
+
+Norms and the attention softmax are computed in fp32 whatever the compute dtype. Kept in an
+importable module because MindSpore compiles graphs from source it can import.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, initializer
+
+
+@dataclass
+class ModelShape:
+    vocab_size: int
+    seq_length: int
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ValueError("head dimension must be even for rotary embeddings")
+        if not self.intermediate_size:
+            self.intermediate_size = int(math.ceil(self.hidden_size * 8 / 3 / 32) * 32)
+
+
+class RMSNorm(nn.Cell):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = Parameter(initializer("ones", (dim,), ms.float32), name="weight")
+        self.eps = eps
+
+    def construct(self, x):
+        x32 = x.astype(ms.float32)
+        normed = x32 * ops.rsqrt(ops.mean(x32 * x32, -1, keep_dims=True) + self.eps)
+        return (normed * self.weight).astype(x.dtype)
+
+
+def rotary_tables(seq_length: int, head_dim: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
+    inv = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    angles = np.outer(np.arange(seq_length, dtype=np.float64), inv)
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+class Attention(nn.Cell):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        h = shape.hidden_size
+        self.heads = shape.num_heads
+        self.head_dim = h // shape.num_heads
+        init = Normal(0.02)
+        self.wq = nn.Dense(h, h, has_bias=False, weight_init=init)
+        self.wk = nn.Dense(h, h, has_bias=False, weight_init=init)
+        self.wv = nn.Dense(h, h, has_bias=False, weight_init=init)
+        self.wo = nn.Dense(h, h, has_bias=False, weight_init=Normal(0.02 / math.sqrt(2 * shape.num_layers)))
+        cos, sin = rotary_tables(shape.seq_length, self.head_dim)
+        self.cos = Tensor(cos)
+        self.sin = Tensor(sin)
+        mask = np.triu(np.full((shape.seq_length, shape.seq_length), -1e9, dtype=np.float32), k=1)
+        self.mask = Tensor(mask)
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+
+    def _split(self, x, b, s):
+        return ops.transpose(ops.reshape(x, (b, s, self.heads, self.head_dim)), (0, 2, 1, 3))
+
+    def _rotate(self, x, s):
+        half = self.head_dim // 2
+        x1 = x[..., :half]
+        x2 = x[..., half:]
+        rotated = ops.concat((-x2, x1), -1)
+        return x * self.cos[:s].astype(x.dtype) + rotated * self.sin[:s].astype(x.dtype)
+
+    def construct(self, x):
+        b, s, h = x.shape
+        q = self._rotate(self._split(self.wq(x), b, s), s)
+        k = self._rotate(self._split(self.wk(x), b, s), s)
+        v = self._split(self.wv(x), b, s)
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))).astype(ms.float32) * self.scale
+        probs = ops.softmax(scores + self.mask[:s, :s], -1).astype(v.dtype)
+        out = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
+        return self.wo(ops.reshape(out, (b, s, h)))
+
+
+class SwiGLU(nn.Cell):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        h, i = shape.hidden_size, shape.intermediate_size
+        self.w1 = nn.Dense(h, i, has_bias=False, weight_init=Normal(0.02))
+        self.w3 = nn.Dense(h, i, has_bias=False, weight_init=Normal(0.02))
+        self.w2 = nn.Dense(i, h, has_bias=False, weight_init=Normal(0.02 / math.sqrt(2 * shape.num_layers)))
+
+    def construct(self, x):
+        return self.w2(ops.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Cell):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.attn_norm = RMSNorm(shape.hidden_size)
+        self.attn = Attention(shape)
+        self.mlp_norm = RMSNorm(shape.hidden_size)
+        self.mlp = SwiGLU(shape)
+
+    def construct(self, x):
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class DecoderLM(nn.Cell):
+    """Returns the mean next-token cross-entropy of a batch of `seq_length + 1` id windows."""
+
+    def __init__(self, shape: ModelShape, ignore_id: int = -1):
+        super().__init__()
+        self.shape = shape
+        self.embed = nn.Embedding(shape.vocab_size, shape.hidden_size, embedding_table=Normal(0.02))
+        self.blocks = nn.CellList([Block(shape) for _ in range(shape.num_layers)])
+        self.norm = RMSNorm(shape.hidden_size)
+        self.head = nn.Dense(shape.hidden_size, shape.vocab_size, has_bias=False, weight_init=Normal(0.02))
+        self.ignore_id = ignore_id
+
+    def construct(self, input_ids):
+        tokens = input_ids[:, :-1]
+        labels = input_ids[:, 1:]
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x)).astype(ms.float32)
+        b, s, v = logits.shape
+        flat_labels = ops.reshape(labels, (-1,))
+        losses = ops.cross_entropy(ops.reshape(logits, (b * s, v)), flat_labels.astype(ms.int32), reduction="none")
+        weights = (flat_labels != self.ignore_id).astype(ms.float32)
+        return (losses * weights).sum() / ops.maximum(weights.sum(), 1.0)
