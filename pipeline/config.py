@@ -37,8 +37,8 @@ class InputConfig(_Section):
     source_field: Optional[str] = Field(
         "source", description="Field naming the document's source; when absent, the input file's name."
     )
-    block_size_mb: int = Field(64, gt=0, description="Uncompressed JSONL files larger than this are read in parallel blocks.")
-    part_size_mb: int = Field(32, gt=0, description="Target text size of one partition (one Parquet part) between stages.")
+    block_size_mb: float = Field(64, gt=0, description="Uncompressed JSONL files larger than this are read in parallel blocks.")
+    part_size_mb: float = Field(32, gt=0, description="Target text size of one partition (one Parquet part) between stages.")
 
 
 class NormalizeConfig(_Section):

@@ -183,7 +183,7 @@ class Pipeline:
     # ---- stage bodies -------------------------------------------------------------------
     def _read(self, folder: Path, files: list[str]) -> dict:
         ic = self.cfg.input
-        units, to_count = read.plan_units(files, ic.block_size_mb << 20, ic.part_size_mb << 20)
+        units, to_count = read.plan_units(files, int(ic.block_size_mb * 2**20), int(ic.part_size_mb * 2**20))
         if to_count:
             counts = run_tasks(
                 self.client, [delayed(read.count_block_lines)(s.path, s.start, s.end) for s in to_count], "count lines"
@@ -192,7 +192,7 @@ class Pipeline:
             for seg, n in zip(to_count, counts):
                 seg.first_line = running.get(seg.file_index, 0) + 1
                 running[seg.file_index] = running.get(seg.file_index, 0) + n
-        opts = read.ReadOptions(ic.text_field, ic.id_field, ic.source_field, ic.part_size_mb << 20)
+        opts = read.ReadOptions(ic.text_field, ic.id_field, ic.source_field, int(ic.part_size_mb * 2**20))
         results = run_tasks(self.client, [delayed(read.read_unit)(u, opts, str(folder)) for u in units], "read")
         stats: dict = {}
         with open(folder / "quarantine.jsonl", "w", encoding="utf-8") as q:
@@ -261,11 +261,14 @@ class Pipeline:
             lines = tokenize.write_training_sample(sample, sample_file)
             self.log(f"  tokenize: training a {tc.train.model_type} tokenizer (vocab {tc.train.vocab_size}) "
                      f"on {len(sample)} sampled documents ({lines} lines)")
-            trained = tokenize.train_tokenizer(
-                sample_file, folder / "tokenizer", vocab_size=tc.train.vocab_size, model_type=tc.train.model_type,
-                character_coverage=tc.train.character_coverage, byte_fallback=tc.train.byte_fallback,
-                seed=tc.train.seed, num_threads=os.cpu_count() or 1,
-            )
+            try:
+                tokenize.train_tokenizer(
+                    sample_file, folder / "tokenizer", vocab_size=tc.train.vocab_size, model_type=tc.train.model_type,
+                    character_coverage=tc.train.character_coverage, byte_fallback=tc.train.byte_fallback,
+                    seed=tc.train.seed, num_threads=os.cpu_count() or 1,
+                )
+            except tokenize.TokenizerError as e:
+                raise PipelineError(str(e)) from None
             sample_file.unlink()
             origin = "trained on this corpus"
         rng = np.random.default_rng(tc.train.seed)

@@ -172,6 +172,23 @@ def train_tokenizer(sample_file: Path, model_prefix: Path, *, vocab_size: int, m
     whitespace is kept, so encode->decode round-trips; newline is its own piece.
     """
     random.seed(seed)
+    try:
+        _train(sample_file, model_prefix, vocab_size, model_type, character_coverage, byte_fallback, num_threads)
+    except RuntimeError as e:
+        msg = str(e)
+        if "Vocabulary size is smaller than required_chars" in msg:
+            need = msg.rsplit(" vs ", 1)[-1].split(".")[0]
+            raise TokenizerError(
+                f"tokenizer.train.vocab_size {vocab_size} is smaller than the {need} pieces needed for the characters "
+                f"covering {character_coverage:.2%} of the sample (CJK text needs thousands): raise "
+                "tokenizer.train.vocab_size or lower tokenizer.train.character_coverage"
+            ) from None
+        raise TokenizerError(f"SentencePiece training failed: {msg}") from None
+    return f"{model_prefix}.model"
+
+
+def _train(sample_file: Path, model_prefix: Path, vocab_size: int, model_type: str, character_coverage: float,
+           byte_fallback: bool, num_threads: int) -> None:
     spm.SentencePieceTrainer.train(
         input=str(sample_file),
         model_prefix=str(model_prefix),
@@ -195,7 +212,6 @@ def train_tokenizer(sample_file: Path, model_prefix: Path, *, vocab_size: int, m
         num_threads=num_threads,
         minloglevel=2,
     )
-    return f"{model_prefix}.model"
 
 
 def tokenize_batch(df: pd.DataFrame, model_path: str, add_bos: bool, add_eos: bool, batch_docs: int) -> BatchResult:

@@ -1,0 +1,213 @@
+"""End to end on a corpus with known duplicates, junk and malformed lines: real Dask, real MindRecord."""
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.runner import Pipeline
+from tests.conftest import write_jsonl
+
+WORDS = ("data model token corpus shard rank train window quality filter python river bread stone light "
+         "garden winter music number letter window paper signal memory").split()
+HANZI = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说产种面而方后多定行学法所民得经十三之进着等部度家电力里如水化高自二理起小物现实加量都两体制机当使点从业本去把性好应开它合还因由其些然前外天政四日那社义事平形相全表间样与关各重新线内数正心反你明看原又么利比或但质气第向道命此变条只没结解问意建月公无系军很情者最立代想已通并提直题党程展五果料象员革位入常文总次品式活设及管特件长求老头基资边流路级少图山统接知较将组见计别她手角期根论运农指几九区强放决西被干做必战先回则任取据处队南给色光门即保治北造百规热领七海口东导器压志世金增争济阶油思术极交受联什认六共权收证改清己美再采转更单风切打白教速花带安场身车例真务具万每目至达走积示议声报斗完类八离华名确才科张信马节话米整空元况今集温传土许步群广石记需段研界拉林律叫且究观越织装影算低持音众书布复容儿须际商非验连断深难近矿千周委素技备半办青省列习响约支般史感劳便团往酸历市克何除消构府称太准精值号率族维划选标写存候毛亲快效斯院查江型眼王按格养易置派层片始却专状育厂京识适属圆包火住调满县局照参红细引听该铁价严"
+
+
+def _en_doc(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 90))) + "."
+
+
+def _zh_doc(rng: random.Random) -> str:
+    return "".join(rng.choice(HANZI) for _ in range(rng.randint(40, 120))) + "。"
+
+
+def build_corpus(root: Path) -> dict:
+    """Originals in a.jsonl (file 0, so they have the lowest uids); copies in later files."""
+    rng = random.Random(42)
+    originals = [{"id": f"o{i}", "text": (_en_doc if i % 2 else _zh_doc)(rng), "source": "orig"} for i in range(240)]
+    write_jsonl(root / "a.jsonl", originals, {10: b"{broken json\n", 20: b'{"text": 5}\n'})
+    planted = []
+    copies = []
+    for k, i in enumerate(range(0, 240, 12)):
+        text = originals[i]["text"]
+        variant = text if k % 2 == 0 else "  " + text.replace(" ", "   ") + "\r\n"  # equal after normalisation
+        copies.append({"id": f"copy{k}", "text": variant, "source": "copies"})
+        planted.append((f"copy{k}", f"o{i}"))
+    copies.append({"id": "copy-of-copy", "text": originals[0]["text"], "source": "copies"})
+    planted.append(("copy-of-copy", "o0"))
+    junk = [{"id": f"junk{k}", "text": t, "source": "junk"} for k, t in enumerate(["", "ok", "短", "!!!"])]
+    with gzip.open(root / "b.jsonl.gz", "wb") as f:
+        for rec in copies + junk:
+            f.write(json.dumps(rec, ensure_ascii=False).encode() + b"\n")
+        f.write(b'{"text": "caf\xe9"}\n')
+    (root / "c.txt").write_text(_en_doc(rng), encoding="utf-8")
+    return {"planted": set(planted), "junk": {r["id"] for r in junk}, "malformed": 3, "originals": len(originals)}
+
+
+def e2e_config(corpus: Path, **over) -> dict:
+    cfg = {
+        "input": {"paths": [str(corpus)], "part_size_mb": 0.01, "block_size_mb": 0.02},  # many blocks and parts
+        "filter": {"min_chars": 10},
+        "tokenizer": {"train": {"vocab_size": 1500}},
+        "pack": {"seq_length": 32},
+        "shard": {"ranks": 2, "files_per_rank": 2, "seed": 7},
+        "train": {"steps": 30, "batch_size": 8, "lr": 0.005, "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4}},
+    }
+    for key, value in over.items():
+        cfg[key] = {**cfg.get(key, {}), **value}
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, dask_client):
+    root = tmp_path_factory.mktemp("e2e")
+    truth = build_corpus(root / "corpus")
+    cfg = parse_config(e2e_config(root / "corpus"))
+    logs: list[str] = []
+    result = Pipeline(cfg, root / "out", client=dask_client, log=logs.append).run()
+    return {"root": root, "out": root / "out", "truth": truth, "result": result, "cfg": cfg, "logs": logs}
+
+
+def _read_shards(shards: Path) -> tuple[dict, dict[int, list[np.ndarray]]]:
+    import mindspore.dataset as ds
+
+    manifest = json.loads((shards / "manifest.json").read_text())
+    per_rank: dict[int, list[np.ndarray]] = collections.defaultdict(list)
+    for entry in manifest["files"]:
+        data = ds.MindDataset([str(shards / entry["path"])], columns_list=["input_ids"], shuffle=False)
+        rows = [r[0] for r in data.create_tuple_iterator(output_numpy=True, num_epochs=1)]
+        assert len(rows) == entry["samples"]
+        per_rank[entry["rank"]].extend(rows)
+    return manifest, per_rank
+
+
+def test_ledger_adds_up_and_is_written(run):
+    ledger = json.loads((run["out"] / "ledger.json").read_text())
+    truth = run["truth"]
+    assert ledger["input"] == ledger["kept"] + ledger["filtered"] + ledger["duplicates"] + ledger["quarantined"]
+    assert ledger["quarantined"] == truth["malformed"]
+    assert ledger["duplicates"] == len(truth["planted"])
+    assert ledger["input"] == truth["originals"] + 2 + len(truth["planted"]) + len(truth["junk"]) + 1 + 1
+    report = (run["out"] / "report.md").read_text()
+    assert "balanced" in report and "too_few_chars" in report and "invalid_json" in report
+    quarantine = [json.loads(x) for x in (run["out"] / "00-read" / "quarantine.jsonl").read_text().splitlines()]
+    assert {(Path(q["file"]).name, q["line"]) for q in quarantine} == {("a.jsonl", 11), ("a.jsonl", 22), ("b.jsonl.gz", 26)}
+
+
+def test_removed_exact_duplicates_are_exactly_the_planted_ones(run):
+    removed = pq.read_table(str(run["out"] / "03-exact_dedup" / "removed")).to_pylist()
+    assert {(r["id"], r["duplicate_of_id"]) for r in removed} == run["truth"]["planted"]
+    assert all(r["reason"] == "exact" and r["duplicate_of"] < r["uid"] for r in removed)
+    assert next(r for r in removed if r["id"] == "copy-of-copy")["cluster_size"] == 3
+    filtered = pq.read_table(str(run["out"] / "02-filter" / "removed")).to_pylist()
+    assert {r["id"] for r in filtered} == run["truth"]["junk"]
+
+
+def test_shards_equal_per_rank_and_hold_every_kept_token(run):
+    out = run["out"]
+    manifest, per_rank = _read_shards(out / "shards")
+    window = manifest["sample_length"]
+    assert window == 33 and manifest["seq_length"] == 32
+    counts = {r: len(rows) for r, rows in per_rank.items()}
+    assert set(counts) == {0, 1} and len(set(counts.values())) == 1 and counts[0] == manifest["samples_per_rank"]
+    assert all(r.dtype == np.int32 and r.shape == (window,) for rows in per_rank.values() for r in rows)
+
+    # packing is lossless: each part's windows followed by its tail reproduce its documents' tokens
+    tok_parts = sorted((out / "04-tokenize").glob("part-*.parquet"))
+    eos = manifest["tokenizer"]["eos_id"]
+    tails, packed = [], []
+    for tp in tok_parts:
+        t = pq.read_table(tp).sort_by("uid")
+        docs = t.column("input_ids").to_pylist()
+        assert all(d[-1] == eos for d in docs)  # EOS ends every document
+        stream = np.concatenate([np.asarray(d, np.int32) for d in docs]) if docs else np.empty(0, np.int32)
+        windows = pq.read_table(out / "05-pack" / tp.name).column("input_ids").to_pylist()
+        body = np.asarray(windows, np.int32).reshape(-1)
+        assert np.array_equal(stream[: len(body)], body)
+        tails.append(stream[len(body):])
+        packed.extend(tuple(w) for w in windows)
+    tail_stream = np.concatenate(tails)
+    tail_path = out / "05-pack" / "part-tail.parquet"
+    tail_windows = pq.read_table(tail_path).column("input_ids").to_pylist() if tail_path.exists() else []
+    assert np.array_equal(np.asarray(tail_windows, np.int32).reshape(-1), tail_stream[: len(tail_windows) * window])
+    packed.extend(tuple(w) for w in tail_windows)
+    ledger = json.loads((out / "ledger.json").read_text())
+    assert ledger["packing"]["tokens_dropped"] == len(tail_stream) - len(tail_windows) * window
+
+    # shuffling and sharding lose nothing but the counted remainder for equal ranks
+    sharded = collections.Counter(tuple(int(x) for x in r) for rows in per_rank.values() for r in rows)
+    missing = collections.Counter(packed) - sharded
+    assert sum(missing.values()) == manifest["dropped_samples"] and not (sharded - collections.Counter(packed))
+    assert manifest["total_tokens"] == sum(sharded.values()) * window
+
+
+def test_manifest_describes_files(run):
+    import hashlib
+
+    shards = run["out"] / "shards"
+    manifest = json.loads((shards / "manifest.json").read_text())
+    assert manifest["ranks"] == 2 and manifest["files_per_rank"] == 2 and len(manifest["files"]) == 4
+    prefixes = {e["rank"]: e["path"].split(".mindrecord")[0] for e in manifest["files"]}
+    assert len(set(prefixes.values())) == 2
+    for e in manifest["files"]:
+        assert hashlib.sha256((shards / e["path"]).read_bytes()).hexdigest() == e["sha256"]
+        assert hashlib.sha256((shards / (e["path"] + ".db")).read_bytes()).hexdigest() == e["db_sha256"]
+        assert e["tokens"] == e["samples"] * manifest["sample_length"]
+    tok = manifest["tokenizer"]
+    assert hashlib.sha256((shards / "tokenizer.model").read_bytes()).hexdigest() == tok["sha256"]
+    assert manifest["vocab_size"] == tok["vocab_size"] <= 1500 and tok["pad_id"] == 3
+
+
+def test_resume_skips_finished_stages_and_reruns_changed_ones(run, dask_client):
+    root = run["root"]
+    before = json.loads((run["out"] / "shards" / "manifest.json").read_text())
+    logs: list[str] = []
+    again = Pipeline(run["cfg"], run["out"], resume=True, client=dask_client, log=logs.append).run()
+    assert again.skipped == ["read", "normalize", "filter", "exact_dedup", "tokenize", "pack", "shard"]
+    after = json.loads((run["out"] / "shards" / "manifest.json").read_text())
+    assert [f["sha256"] for f in after["files"]] == [f["sha256"] for f in before["files"]]
+    assert again.ledger["input"] == run["result"].ledger["input"]
+    changed = parse_config(e2e_config(root / "corpus", pack={"seq_length": 16}))
+    third = Pipeline(changed, run["out"], resume=True, client=dask_client, log=logs.append).run()
+    assert third.skipped == ["read", "normalize", "filter", "exact_dedup", "tokenize"]
+    assert json.loads((run["out"] / "shards" / "manifest.json").read_text())["sample_length"] == 17
+
+
+def test_training_on_shards_lowers_the_loss(tmp_path, dask_client):
+    from trainer.train import train
+
+    root = tmp_path
+    build_corpus(root / "corpus")
+    cfg = parse_config(e2e_config(root / "corpus"))
+    Pipeline(cfg, root / "out", client=dask_client, log=lambda m: None).run()
+    summary = train(str(root / "out" / "shards"), str(root / "train"), cfg.train, log=lambda m: None)
+    metrics = [json.loads(x) for x in (root / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, 31))
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "data_wait_s", "compute_s"} <= set(metrics[0])
+    first, last = np.mean([m["loss"] for m in metrics[:5]]), np.mean([m["loss"] for m in metrics[-5:]])
+    assert last < first - 0.5, (first, last)
+    assert summary["steps"] == 30 and 0 <= summary["data_wait_share"] < 1
+
+
+def test_trainer_refuses_mismatched_shards(run):
+    from pipeline.config import TrainConfig
+    from trainer.data import ShardMismatch
+    from trainer.train import train
+
+    shards = str(run["out"] / "shards")
+    manifest = json.loads((run["out"] / "shards" / "manifest.json").read_text())
+    bad_seq = TrainConfig(steps=1, model={"seq_length": manifest["seq_length"] * 2})
+    with pytest.raises(ShardMismatch, match="seq_length"):
+        train(shards, str(run["root"] / "t1"), bad_seq, log=lambda m: None)
+    bad_vocab = TrainConfig(steps=1, model={"vocab_size": manifest["vocab_size"] - 1})
+    with pytest.raises(ShardMismatch, match="embedding rows"):
+        train(shards, str(run["root"] / "t2"), bad_vocab, log=lambda m: None)
+    with pytest.raises(ShardMismatch, match="rank 5"):
+        train(shards, str(run["root"] / "t3"), TrainConfig(steps=1, rank=5), log=lambda m: None)

@@ -1,0 +1,57 @@
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from stages.tokenize import TokenizerError, check_tokenizer, tokenize_batch, train_tokenizer, write_training_sample
+from tests.conftest import SHARED_DATA
+
+ZH = "数据清洗是预训练中最容易被低估的环节。去重分为精确去重和近似去重两类。中文没有空格分词。"
+EN = "Data preparation decides more of a model's quality than most architecture tweaks. Packing joins documents."
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tok")
+    rng = random.Random(0)
+    texts = ["\n".join(rng.choice([ZH, EN, ZH[::-1], EN.upper()]) for _ in range(4)) for _ in range(300)]
+    write_training_sample(texts, d / "sample.txt")
+    return train_tokenizer(d / "sample.txt", d / "tok", vocab_size=400, model_type="bpe", character_coverage=0.9995,
+                           byte_fallback=True, seed=0, num_threads=2)
+
+
+def test_trained_tokenizer_round_trips_and_has_specials(small_model):
+    sample = [ZH + "\n" + EN, "tabs\tand  double spaces\nkeep", "未见过的字：龘"]
+    r = check_tokenizer(small_model, add_bos=False, add_eos=True, pad_id=None, model_vocab_size=None, sample_texts=sample)
+    assert (r.unk_id, r.bos_id, r.eos_id, r.pad_id, r.pad_source) == (0, 1, 2, 3, "tokenizer")
+    assert r.roundtrip_mismatch_rate == 0.0 and r.unk_rate == 0.0  # byte fallback covers unseen characters
+
+
+def test_vocab_checks(small_model):
+    with pytest.raises(TokenizerError, match="larger than the model's vocab_size"):
+        check_tokenizer(small_model, add_bos=False, add_eos=True, pad_id=None, model_vocab_size=100, sample_texts=[])
+    r = check_tokenizer(small_model, add_bos=False, add_eos=True, pad_id=None, model_vocab_size=512, sample_texts=[])
+    assert r.unused_embedding_rows == 512 - r.vocab_size and "never be trained" in r.warnings[0]
+    with pytest.raises(TokenizerError, match="outside the vocabulary"):
+        check_tokenizer(small_model, add_bos=False, add_eos=True, pad_id=10**6, model_vocab_size=None, sample_texts=[])
+
+
+def test_tokenize_batch_appends_eos_as_int32_lists(small_model):
+    df = pd.DataFrame({"uid": [5, 6], "text": [ZH, EN]})
+    r = tokenize_batch(df, small_model, add_bos=True, add_eos=True, batch_docs=1)
+    t = r.kept
+    assert str(t.schema.field("input_ids").type) == "list<item: int32>"
+    ids = t.column("input_ids").to_pylist()
+    assert all(x[0] == 1 and x[-1] == 2 for x in ids)
+    assert t.column("n_tokens").to_pylist() == [len(x) for x in ids] and r.stats["tokens"] == sum(map(len, ids))
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "kept" / "tokenizers").is_dir(), reason="../shared/data/kept/tokenizers absent")
+@pytest.mark.parametrize("name,vocab", [("chinese-llama-2_tokenizer.model", 55296), ("internlm-7b_V7_sft.model", 103168)])
+def test_real_chinese_tokenizers_get_a_pad_id(name, vocab):
+    path = str(SHARED_DATA / "kept" / "tokenizers" / name)
+    r = check_tokenizer(path, add_bos=True, add_eos=True, pad_id=None, model_vocab_size=None, sample_texts=[ZH, EN])
+    assert r.vocab_size == vocab and (r.unk_id, r.bos_id, r.eos_id) == (0, 1, 2)
+    assert r.pad_id == 0 and r.pad_source.startswith("unk")
+    assert r.unk_rate < 0.01
