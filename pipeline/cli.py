@@ -56,7 +56,25 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size", type=int, help="samples per step (default 8)")
     train.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
     train.add_argument("--num-parallel-workers", type=int, help="MindDataset reader threads (at most the CPU count)")
+    config = sub.add_parser("config", help="print a resolved config, or the documented example",
+                            description="Inspect configs without running anything.")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    show = config_sub.add_parser("show", help="print CONFIG fully resolved, every default filled in",
+                                 description="Validate CONFIG and print it with every default filled in.")
+    show.add_argument("config", help="YAML config to resolve")
+    config_sub.add_parser("example", help="print configs/example.yaml (every option, its default and meaning)",
+                          description="Print every option at its default with its description.")
     return p
+
+
+def _cmd_config(args) -> int:
+    from .config import EXAMPLE_PATHS, render_example
+
+    if args.config_command == "show":
+        sys.stdout.write(_load(args.config).to_yaml())
+    else:
+        sys.stdout.write(render_example(EXAMPLE_PATHS))
+    return 0
 
 
 def _load(path: str):
@@ -164,7 +182,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from stages.read import InputError
     from trainer.data import ShardMismatch
 
-    handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train}
+    handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train, "config": _cmd_config}
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, PipelineError, LedgerError, ShardMismatch, ConnectionError) as e:
