@@ -1,0 +1,111 @@
+"""MinHash signatures (vectorised, equal to datasketch's) and LSH band buckets.
+
+Signatures follow `datasketch.MinHash`'s default scheme ("affine32"): each 32-bit shingle hash is
+pre-mixed with the MurmurHash3 32-bit finaliser, then permutation k maps it to a_k * h + b_k mod 2^32
+with the (a, b) that `datasketch.MinHash(num_perm, seed)` draws; a signature is the minimum per
+permutation. Here that runs as uint32 matrix operations over whole batches of documents.
+
+LSH: the signature is cut into `bands` bands of `rows` values; each band is folded into a 64-bit
+key. Documents sharing a (band, key) bucket are candidates; a bucket yields an edge from each
+member to its smallest uid (not all pairs), optionally kept only when the two signatures agree on
+at least `threshold` of their values.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from .shingles import FOLD_PRIME, fmix64
+
+CHUNK_SHINGLES = 1 << 18  # shingles per permutation matrix: num_perm x CHUNK uint32 (32 MiB at 128)
+
+
+@lru_cache(maxsize=8)
+def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """datasketch's own permutation parameters for (num_perm, seed)."""
+    from datasketch import MinHash
+
+    a, b = MinHash(num_perm=num_perm, seed=seed).permutations
+    return np.asarray(a, dtype=np.uint32), np.asarray(b, dtype=np.uint32)
+
+
+def fmix32(h: np.ndarray) -> np.ndarray:
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+def signatures(hashes64: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
+    """(n_docs, num_perm) uint32 MinHash signatures from flat shingle hashes and offsets.
+
+    A document without shingles gets the all-max signature (datasketch's empty MinHash)."""
+    a, b = permutations(num_perm, seed)
+    n_docs = len(offsets) - 1
+    sig = np.full((n_docs, num_perm), np.uint32(0xFFFFFFFF), dtype=np.uint32)
+    with np.errstate(over="ignore"):
+        hv = fmix32((hashes64 & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+        nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
+        i = 0
+        while i < len(nonempty):
+            # a run of documents whose shingles fit one chunk (at least one document)
+            start = offsets[nonempty[i]]
+            j = i + 1
+            while j < len(nonempty) and offsets[nonempty[j] + 1] - start <= CHUNK_SHINGLES:
+                j += 1
+            docs = nonempty[i:j]
+            end = offsets[docs[-1] + 1]
+            phv = a[:, None] * hv[None, start:end] + b[:, None]
+            sig[docs] = np.minimum.reduceat(phv, offsets[docs] - start, axis=1).T
+            i = j
+    return sig
+
+
+def signature_jaccard(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Estimated Jaccard of row-aligned signature matrices: the share of equal values."""
+    return (x == y).mean(axis=1)
+
+
+def optimal_bands(threshold: float, num_perm: int) -> tuple[int, int]:
+    """datasketch's (bands, rows) minimising equal-weighted false positive and negative probability."""
+    from datasketch.lsh import _optimal_param
+
+    return _optimal_param(threshold, num_perm, 0.5, 0.5)
+
+
+def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(n_docs, bands) 64-bit keys, each folding one band of `rows` signature values."""
+    keys = np.zeros((sig.shape[0], bands), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(rows):
+            keys = keys * FOLD_PRIME + sig[:, j : bands * rows : rows].astype(np.uint64)
+        keys = fmix64(keys + np.arange(bands, dtype=np.uint64))  # distinct bands never share a key
+    return keys
+
+
+BAND_META = pd.DataFrame({"band_key": pd.Series(dtype="int64"), "uid": pd.Series(dtype="int64")})
+EDGE_META = pd.DataFrame({"a": pd.Series(dtype="int64"), "b": pd.Series(dtype="int64")})
+
+
+def band_rows(uids: np.ndarray, sig: np.ndarray, bands: int, rows: int) -> pd.DataFrame:
+    """One row per (document, band): its bucket key. Documents without shingles are left out."""
+    keep = ~(sig == np.uint32(0xFFFFFFFF)).all(axis=1)
+    keys = band_keys(sig[keep], bands, rows)
+    return pd.DataFrame({
+        "band_key": keys.reshape(-1).view(np.int64),
+        "uid": np.repeat(uids[keep].astype(np.int64), bands),
+    })
+
+
+def bucket_edges(rows: pd.DataFrame) -> pd.DataFrame:
+    """Within a frame holding whole buckets: an edge from every member to the bucket's smallest uid."""
+    if rows.empty:
+        return EDGE_META.copy()
+    smallest = rows.groupby("band_key", sort=False)["uid"].transform("min").to_numpy()
+    uid = rows["uid"].to_numpy()
+    mask = uid != smallest
+    edges = pd.DataFrame({"a": uid[mask], "b": smallest[mask]})
+    return edges.drop_duplicates(ignore_index=True)

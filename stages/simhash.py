@@ -1,0 +1,120 @@
+"""64-bit SimHash fingerprints (vectorised, equal to `simhash.Simhash`) and Hamming-distance edges.
+
+A fingerprint's bit i is set when more than half of the document's features (shingles, counted
+with repeats) have bit i set in their 64-bit hash: exactly `simhash.Simhash(features,
+hashfunc=shingle_hash64).value`. Here it is a bit-count over a (features x 64) bit matrix per batch.
+
+Near pairs (Hamming distance <= k) are found by cutting the 64 bits into k + 1 blocks: two
+fingerprints within distance k agree exactly on at least one block, so each (block, value) bucket
+holds every candidate. Inside a bucket identical fingerprints are collapsed first; a bucket with
+more distinct fingerprints than `max_bucket` is compared only against a sliding window of its
+neighbours in sorted order, so an oversized bucket costs O(n * window), not O(n^2).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+BLOCK_META = pd.DataFrame({"block_key": pd.Series(dtype="int64"), "uid": pd.Series(dtype="int64"),
+                           "fingerprint": pd.Series(dtype="int64")})
+EDGE_META = pd.DataFrame({"a": pd.Series(dtype="int64"), "b": pd.Series(dtype="int64"),
+                          "distance": pd.Series(dtype="int64")})
+
+
+def fingerprints(hashes64: np.ndarray, offsets: np.ndarray, chunk: int = 1 << 18) -> np.ndarray:
+    """uint64 SimHash of each document from its flat feature hashes (0 for a document without features)."""
+    n_docs = len(offsets) - 1
+    out = np.zeros(n_docs, dtype=np.uint64)
+    counts = np.diff(offsets)
+    nonempty = np.flatnonzero(counts > 0)
+    weights = (1 << np.arange(63, -1, -1, dtype=np.uint64)).astype(np.uint64)
+    i = 0
+    while i < len(nonempty):
+        start = offsets[nonempty[i]]
+        j = i + 1
+        while j < len(nonempty) and offsets[nonempty[j] + 1] - start <= chunk:
+            j += 1
+        docs = nonempty[i:j]
+        end = offsets[docs[-1] + 1]
+        bits = np.unpackbits(hashes64[start:end].astype(">u8").view(np.uint8).reshape(-1, 8), axis=1)  # MSB first
+        sums = np.add.reduceat(bits.astype(np.int32), offsets[docs] - start, axis=0)
+        on = (2 * sums > counts[docs][:, None]).astype(np.uint64)
+        out[docs] = (on * weights).sum(axis=1, dtype=np.uint64)
+        i = j
+    return out
+
+
+def block_masks(max_distance: int) -> list[tuple[int, int]]:
+    """(shift, width) of the k + 1 blocks covering 64 bits."""
+    n = max_distance + 1
+    widths = [64 // n + (1 if i < 64 % n else 0) for i in range(n)]
+    out, shift = [], 0
+    for w in widths:
+        out.append((shift, w))
+        shift += w
+    return out
+
+
+def block_rows(uids: np.ndarray, fps: np.ndarray, has_features: np.ndarray, max_distance: int) -> pd.DataFrame:
+    """One row per (document, block): a key naming the block and its value, plus the fingerprint."""
+    uids, fps = uids[has_features].astype(np.int64), fps[has_features]
+    keys = []
+    for index, (shift, width) in enumerate(block_masks(max_distance)):
+        value = (fps >> np.uint64(shift)) & np.uint64((1 << width) - 1)
+        keys.append((value << np.uint64(8)) | np.uint64(index))  # block index in the low byte
+    n_blocks = len(keys)
+    return pd.DataFrame({
+        "block_key": np.stack(keys, axis=1).reshape(-1).view(np.int64),
+        "uid": np.repeat(uids, n_blocks),
+        "fingerprint": np.repeat(fps.view(np.int64), n_blocks),
+    })
+
+
+def popcount64(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.uint64)
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return ((x * np.uint64(0x0101010101010101)) >> np.uint64(56)).astype(np.int64)
+
+
+def near_edges(rows: pd.DataFrame, max_distance: int, max_bucket: int = 1000, window: int = 64) -> pd.DataFrame:
+    """Within a frame holding whole buckets: edges between fingerprints at Hamming distance <= k.
+
+    Each document links to the smallest uid among its near fingerprints (an edge per pair found,
+    reduced to edges towards smaller uids)."""
+    if rows.empty:
+        return EDGE_META.copy()
+    found_a, found_b, found_d = [], [], []
+    with np.errstate(over="ignore"):
+        for _, bucket in rows.groupby("block_key", sort=False):
+            if len(bucket) < 2:
+                continue
+            fp = bucket["fingerprint"].to_numpy().view(np.uint64)
+            uid = bucket["uid"].to_numpy()
+            # identical fingerprints first: every copy links to the smallest uid holding that value
+            order = np.lexsort((uid, fp))
+            fp, uid = fp[order], uid[order]
+            first = np.r_[True, fp[1:] != fp[:-1]]
+            rep = np.maximum.accumulate(np.where(first, np.arange(len(fp)), 0))
+            dup = ~first
+            found_a.append(uid[dup]); found_b.append(uid[rep[dup]]); found_d.append(np.zeros(dup.sum(), np.int64))
+            ufp, urep = fp[first], uid[first]
+            m = len(ufp)
+            if m < 2:
+                continue
+            if m <= max_bucket:
+                i, j = np.triu_indices(m, k=1)
+            else:  # oversized bucket: neighbours in sorted order only
+                i = np.repeat(np.arange(m), window)
+                j = i + np.tile(np.arange(1, window + 1), m)
+                ok = j < m
+                i, j = i[ok], j[ok]
+            d = popcount64(ufp[i] ^ ufp[j])
+            near = d <= max_distance
+            a, b = urep[i[near]], urep[j[near]]
+            found_a.append(np.maximum(a, b)); found_b.append(np.minimum(a, b)); found_d.append(d[near])
+    if not found_a:
+        return EDGE_META.copy()
+    edges = pd.DataFrame({"a": np.concatenate(found_a), "b": np.concatenate(found_b), "distance": np.concatenate(found_d)})
+    return edges.drop_duplicates(subset=["a", "b"], ignore_index=True)
