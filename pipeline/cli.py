@@ -45,6 +45,23 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--resume", action="store_true", help="reuse finished stages of an earlier demo run in --out")
     demo.add_argument("--scheduler", metavar="ADDRESS", help="use a running Dask scheduler instead of a LocalCluster")
 
+    dedup = sub.add_parser("dedup", help="remove exact and near duplicates from a corpus (a batch dedup job)",
+                           description="Read INPUT files/folders/globs, remove exact duplicates and near duplicates "
+                           "(MinHash LSH and/or SimHash, connected components), and write DIR/kept/ with the input's "
+                           "fields and DIR/removed/ with uid, id, reason, duplicate_of (the kept document's id), "
+                           "cluster_id, cluster_size and similarity. DIR/ledger.json: input = kept + duplicates + quarantined.")
+    dedup.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or globs (as input.paths)")
+    dedup.add_argument("--out", required=True, help="output directory")
+    dedup.add_argument("--methods", help="comma-separated subset of exact,minhash,simhash "
+                       "(default: the config's dedup section; without --config exact,minhash)")
+    dedup.add_argument("--threshold", type=float, help="MinHash Jaccard threshold (dedup.minhash.threshold, default 0.8)")
+    dedup.add_argument("--keep", help="which document of a cluster is kept: lowest_uid (default), longest, or "
+                       "field:NAME[:min] (largest value of input field NAME, e.g. field:date for the newest)")
+    dedup.add_argument("--format", choices=["parquet", "jsonl"], default="parquet", help="format of DIR/kept/ (default parquet)")
+    dedup.add_argument("--config", help="YAML config: its input (fields), normalize, dedup and cluster sections apply")
+    dedup.add_argument("--resume", action="store_true", help="skip stages finished by an earlier run into --out")
+    dedup.add_argument("--scheduler", metavar="ADDRESS", help="use a running Dask scheduler instead of a LocalCluster")
+
     train = sub.add_parser("train", help="train on shards a run produced",
                            description="Train the decoder on one rank's files of a shard directory; writes "
                            "OUT/metrics.jsonl (one JSON object per step) and OUT/summary.json.")
@@ -157,6 +174,54 @@ def _planted_pairs_found(out: Path, pairs: list[dict]) -> int:
     return sum((p["id"], p["duplicate_of"]) in links or (p["duplicate_of"], p["id"]) in links for p in pairs)
 
 
+def _cmd_dedup(args) -> int:
+    from .config import Config, ConfigError, parse_config
+    from .runner import Pipeline
+
+    cfg = _load(args.config) if args.config else Config()
+    cfg.input.paths = list(args.inputs)
+    if args.methods:
+        methods = {m.strip() for m in args.methods.split(",") if m.strip()}
+        unknown = methods - {"exact", "minhash", "simhash"}
+        if unknown or not methods:
+            raise ConfigError(f"--methods: unknown {sorted(unknown)}; choose from exact, minhash, simhash")
+        cfg.dedup.exact = "exact" in methods
+        cfg.dedup.minhash.enabled = "minhash" in methods
+        cfg.dedup.simhash.enabled = "simhash" in methods
+    if args.threshold is not None:
+        cfg.dedup.minhash.threshold = args.threshold
+    if args.keep:
+        policy, _, rest = args.keep.partition(":")
+        if policy == "field":
+            name, _, order = rest.partition(":")
+            if not name:
+                raise ConfigError("--keep field:NAME needs a field name")
+            cfg.dedup.keep_field, cfg.dedup.keep_order = name, order or "max"
+        elif policy not in ("lowest_uid", "longest"):
+            raise ConfigError(f"--keep {args.keep}: expected lowest_uid, longest or field:NAME")
+        cfg.dedup.keep = policy
+    cfg = parse_config(cfg.model_dump(mode="json"), "command line")  # re-validate the combination
+    if args.scheduler:
+        cfg.cluster.address = args.scheduler
+    out = Path(args.out)
+    result = Pipeline(cfg, out, resume=args.resume, log=_log, job="dedup", export_format=args.format).run()
+    led = result.ledger
+    _log("")
+    _log("== corpusmill dedup summary ==")
+    _log(f"documents: input {led['input']:,} = kept {led['kept']:,} + duplicates {led['duplicates']:,} + "
+         f"quarantined {led['quarantined']:,}  (balanced)")
+    for name in ("exact_dedup", "near_dedup"):
+        if name in led["stages"]:
+            removed = ", ".join(f"{k} {v:,}" for k, v in sorted(led["stages"][name]["removed"].items())) or "none"
+            _log(f"  {name:<12} removed: {removed}")
+    near = result.stages.get("near_dedup", {})
+    if near.get("clusters"):
+        _log(f"  near-duplicate clusters: {near['clusters']:,} (largest {near['largest_cluster']}); "
+             f"sizes: {near['cluster_sizes']}")
+    _log(f"kept: {out / 'kept'}   removed: {out / 'removed'}   ledger: {out / 'ledger.json'}   report: {out / 'report.md'}")
+    return 0
+
+
 def _cmd_train(args) -> int:
     from .config import TrainConfig
     from trainer.train import train
@@ -182,7 +247,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from stages.read import InputError
     from trainer.data import ShardMismatch
 
-    handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train, "config": _cmd_config}
+    handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train, "config": _cmd_config, "dedup": _cmd_dedup}
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, PipelineError, LedgerError, ShardMismatch, ConnectionError) as e:

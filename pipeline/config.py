@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 CONFIG_VERSION = 1
 
@@ -60,8 +60,54 @@ class FilterConfig(_Section):
     max_chars: Optional[int] = Field(None, gt=0, description="Drop documents with more characters (reason too_many_chars).")
 
 
+class ShinglingConfig(_Section):
+    lowercase: bool = Field(True, description="Lowercase before shingling.")
+    strip_punctuation: bool = Field(True, description="Treat punctuation and symbols as spaces before shingling.")
+    cjk_share: float = Field(
+        0.3, ge=0, le=1, description="A document at least this share CJK (of non-space characters) is shingled by character."
+    )
+
+
+class MinHashConfig(_Section):
+    enabled: bool = Field(True, description="Find near duplicates with MinHash LSH.")
+    threshold: float = Field(0.8, gt=0, le=1, description="Jaccard similarity at which two documents are duplicates.")
+    num_perm: int = Field(128, gt=0, description="Permutations per signature.")
+    bands: Optional[int] = Field(None, gt=0, description="LSH bands; null = datasketch's optimum for the threshold.")
+    rows: Optional[int] = Field(None, gt=0, description="Rows per band; null = datasketch's optimum for the threshold.")
+    word_ngram: int = Field(5, gt=0, description="Shingle size in words, for space-delimited text.")
+    char_ngram: int = Field(5, gt=0, description="Shingle size in characters, for CJK text.")
+    seed: int = Field(1, description="Permutation seed (as datasketch.MinHash's seed).")
+    verify: bool = Field(True, description="Keep a candidate pair only if its signatures agree on >= threshold of values.")
+
+
+class SimHashConfig(_Section):
+    enabled: bool = Field(False, description="Find near duplicates with 64-bit SimHash.")
+    max_distance: int = Field(3, ge=0, le=15, description="Largest Hamming distance counted as a duplicate (k).")
+    word_ngram: int = Field(3, gt=0, description="Feature size in words, for space-delimited text.")
+    char_ngram: int = Field(3, gt=0, description="Feature size in characters, for CJK text.")
+    max_bucket: int = Field(1000, gt=1, description="Distinct fingerprints a bucket compares all-pairs; larger ones use a window.")
+    window: int = Field(64, gt=0, description="Sorted neighbours compared in an oversized bucket.")
+
+
 class DedupConfig(_Section):
-    exact: bool = Field(True, description="Remove exact duplicates of the normalised text; the lowest uid is kept.")
+    exact: bool = Field(True, description="Remove exact duplicates of the normalised text.")
+    minhash: MinHashConfig = Field(default_factory=MinHashConfig)
+    simhash: SimHashConfig = Field(default_factory=SimHashConfig)
+    shingling: ShinglingConfig = Field(default_factory=ShinglingConfig)
+    keep: Literal["lowest_uid", "longest", "field"] = Field(
+        "lowest_uid", description="Which document of a near-duplicate cluster is kept (ties: lowest uid)."
+    )
+    keep_field: Optional[str] = Field(None, description="With keep: field, the input field compared (e.g. a date).")
+    keep_order: Literal["max", "min"] = Field("max", description="With keep: field, keep the largest (newest) or smallest value.")
+    components_memory_mb: int = Field(
+        512, gt=0, description="Connected components run in memory below this edge-list size, distributed on Dask above."
+    )
+
+    @model_validator(mode="after")
+    def _field_policy_names_a_field(self) -> "DedupConfig":
+        if self.keep == "field" and not self.keep_field:
+            raise ValueError("keep: field needs keep_field (the input field to compare)")
+        return self
 
 
 class TokenizerTrainConfig(_Section):

@@ -62,3 +62,48 @@ def sample_part(path: str, seed: int, rate: float, max_chars: int) -> list[str]:
         out.append(t)
         total += len(t)
     return out
+
+
+def export_kept_part(path: str, out_dir: str, fmt: str, text_field: str, id_field, source_field) -> int:
+    """Write kept documents with the input's own fields: id, text, source and the other fields from meta."""
+    import json
+    import os
+
+    table = pq.read_table(path)
+    records = []
+    for row in table.to_pylist():
+        rec = json.loads(row["meta"]) if row["meta"] else {}
+        if id_field:
+            rec[id_field] = row["id"]
+        rec[text_field] = row["text"]
+        if source_field:
+            rec[source_field] = row["source"]
+        records.append(rec)
+    os.makedirs(out_dir, exist_ok=True)
+    stem = Path(path).stem
+    if fmt == "jsonl":
+        target = Path(out_dir) / f"{stem}.jsonl"
+        tmp = target.with_name(f".{target.name}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for rec in records:
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        os.replace(tmp, target)
+    else:
+        write_table_atomic(pa.Table.from_pylist(records) if records else pa.table({text_field: pa.array([], pa.string())}),
+                           Path(out_dir) / f"{stem}.parquet")
+    return len(records)
+
+
+REMOVED_EXPORT_COLUMNS = ["uid", "id", "source", "reason", "duplicate_of", "duplicate_of_uid", "cluster_id",
+                          "cluster_size", "similarity"]
+
+
+def export_removed_part(path: str, target: str) -> None:
+    """A removed-documents part as the dedup job presents it: `duplicate_of` is the kept document's id."""
+    df = pq.read_table(path).to_pandas()
+    out = pd.DataFrame({
+        "uid": df["uid"], "id": df["id"], "source": df["source"], "reason": df["reason"],
+        "duplicate_of": df["duplicate_of_id"], "duplicate_of_uid": df["duplicate_of"],
+        "cluster_id": df["cluster_id"], "cluster_size": df["cluster_size"], "similarity": df["score"],
+    })
+    write_table_atomic(pa.Table.from_pandas(out[REMOVED_EXPORT_COLUMNS], preserve_index=False), Path(target))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 FILTER_STAGES = ("normalize", "filter")
-DEDUP_STAGES = ("exact_dedup",)
+DEDUP_STAGES = ("exact_dedup", "near_dedup")
 
 
 class LedgerError(RuntimeError):

@@ -24,13 +24,14 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 from dask import delayed
 
-from stages import exact_dedup, filters, normalize, pack, read, shard, tokenize
+from stages import components, exact_dedup, filters, minhash, near_dedup, normalize, pack, read, shard, simhash, tokenize
+from stages.shingles import ShingleSpec
 from stages.base import merge_stats, write_table_atomic
 
 from . import __version__
 from .config import Config
 from .engine import dask_client, run_tasks
-from .executor import run_batch_part, sample_part
+from .executor import export_kept_part, export_removed_part, run_batch_part, sample_part
 from .ledger import build_ledger
 from .report import write_report
 
@@ -41,8 +42,9 @@ STAGE_DIRS = {
     "normalize": "01-normalize",
     "filter": "02-filter",
     "exact_dedup": "03-exact_dedup",
-    "tokenize": "04-tokenize",
-    "pack": "05-pack",
+    "near_dedup": "04-near_dedup",
+    "tokenize": "05-tokenize",
+    "pack": "06-pack",
     "shard": "shards",
 }
 
@@ -73,8 +75,12 @@ class RunResult:
 class Pipeline:
     """One run of the configured flow into `out`."""
 
-    def __init__(self, cfg: Config, out: str | Path, *, resume: bool = False, client=None, log: Log = print):
+    def __init__(self, cfg: Config, out: str | Path, *, resume: bool = False, client=None, log: Log = print,
+                 job: str = "run", export_format: str = "parquet"):
+        if job not in ("run", "dedup"):
+            raise ValueError(f"unknown job {job!r}")
         self.cfg, self.out, self.resume, self.log = cfg, Path(out), resume, log
+        self.job, self.export_format = job, export_format
         self.client_arg = client
         self.stats: dict[str, dict] = {}
         self.seconds: dict[str, float] = {}
@@ -138,29 +144,30 @@ class Pipeline:
         files = read.expand_inputs(cfg.input.paths)
         identity = [(f, os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files]
         h = cfg.section_hash("input", extra=identity)
-        hashes = {"read": h}
         with dask_client(cfg.cluster, self.client_arg, self.log) as client:
             self.client = client
             self._stage("read", h, lambda d: self._read(d, files), _docs_summary)
-            self.doc_stages = ["read", "normalize", "filter"]
-            h = hashes["normalize"] = cfg.section_hash("normalize", extra=h)
-            self._stage("normalize", h, lambda d: self._map("read", d, normalize.normalize_batch, cfg.normalize.model_dump())[0], _docs_summary)
-            h = hashes["filter"] = cfg.section_hash("filter", extra=h)
-            self._stage("filter", h, self._filter, _docs_summary)
-            last = "filter"
-            if cfg.dedup.exact:
-                h = hashes["exact_dedup"] = cfg.section_hash("dedup", extra=h)
-                self._stage("exact_dedup", h, self._exact_dedup, _docs_summary)
-                self.doc_stages.append("exact_dedup")
-                last = "exact_dedup"
-            # the ledger is checked before the long tokenizer work starts
-            build_ledger(self.stats, self.doc_stages)
-            h = hashes["tokenize"] = cfg.section_hash("tokenizer", extra=[h, cfg.train.model.vocab_size])
-            self._stage("tokenize", h, lambda d: self._tokenize(d, last), _token_summary)
-            h = hashes["pack"] = cfg.section_hash("pack", extra=h)
-            self._stage("pack", h, self._pack, _pack_summary)
-            h = hashes["shard"] = cfg.section_hash("shard", extra=h)
-            self._stage("shard", h, lambda d: self._shard(d, h), _shard_summary)
+            self.doc_stages = ["read"]
+            if self.job == "dedup":
+                # a dedup job keeps the original text: the dedup stages normalise only for hashing
+                last = self._dedup_stages("read", h, normalize_opts=cfg.normalize.model_dump())
+                build_ledger(self.stats, self.doc_stages)
+                self._export_dedup(last)
+            else:
+                self.doc_stages += ["normalize", "filter"]
+                h = cfg.section_hash("normalize", extra=h)
+                self._stage("normalize", h, lambda d: self._map("read", d, normalize.normalize_batch, cfg.normalize.model_dump())[0],
+                            _docs_summary)
+                h = cfg.section_hash("filter", extra=h)
+                self._stage("filter", h, self._filter, _docs_summary)
+                last = self._dedup_stages("filter", h, normalize_opts=None)
+                build_ledger(self.stats, self.doc_stages)  # checked before the long tokenizer work starts
+                h = cfg.section_hash("tokenizer", extra=[self.last_hash, cfg.train.model.vocab_size])
+                self._stage("tokenize", h, lambda d: self._tokenize(d, last), _token_summary)
+                h = cfg.section_hash("pack", extra=h)
+                self._stage("pack", h, self._pack, _pack_summary)
+                h = cfg.section_hash("shard", extra=h)
+                self._stage("shard", h, lambda d: self._shard(d, h), _shard_summary)
         ledger = build_ledger(self.stats, self.doc_stages)
         ledger["run"] = {
             "corpusmill_version": __version__,
@@ -170,7 +177,7 @@ class Pipeline:
             "resumed_stages": self.skipped,
         }
         train_summary = None
-        if cfg.train.enabled:
+        if cfg.train.enabled and self.job == "run":
             from trainer.train import train
 
             self.log("[train] starting")
@@ -179,6 +186,22 @@ class Pipeline:
         _write_json_atomic(self.out / "ledger.json", ledger)
         write_report(self.out, ledger, self.stats, self.extra, self.seconds, train_summary)
         return RunResult(self.out, ledger, self.stats, train_summary, self.skipped)
+
+    def _dedup_stages(self, last: str, h: str, normalize_opts: Optional[dict]) -> str:
+        """Exact then near-duplicate removal after stage `last`; returns the new last stage."""
+        cfg = self.cfg
+        if cfg.dedup.exact:
+            h = cfg.section_hash("dedup", extra=[h, "exact", normalize_opts])
+            self._stage("exact_dedup", h, lambda d: self._exact_dedup(d, last, normalize_opts), _docs_summary)
+            self.doc_stages.append("exact_dedup")
+            last = "exact_dedup"
+        if cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled:
+            h = cfg.section_hash("dedup", extra=[h, "near", normalize_opts])
+            self._stage("near_dedup", h, lambda d: self._near_dedup(d, last, normalize_opts), _docs_summary)
+            self.doc_stages.append("near_dedup")
+            last = "near_dedup"
+        self.last_hash = h
+        return last
 
     # ---- stage bodies -------------------------------------------------------------------
     def _read(self, folder: Path, files: list[str]) -> dict:
@@ -212,11 +235,12 @@ class Pipeline:
         self.extra["filter"] = {"examples": _removed_examples(folder / "removed", self.stage_dir("normalize"))}
         return stats
 
-    def _exact_dedup(self, folder: Path) -> dict:
-        parts = self.parts("filter")
+    def _exact_dedup(self, folder: Path, source_stage: str, normalize_opts: Optional[dict]) -> dict:
+        parts = self.parts(source_stage)
         hashes = dd.from_map(
             exact_dedup.hash_file,
             parts,
+            normalize=normalize_opts,
             meta=exact_dedup.HASH_META,
             enforce_metadata=False,
         )
@@ -237,6 +261,144 @@ class Pipeline:
             examples = pq.read_table(str(removed_dir)).slice(0, 10).to_pylist()
             self.extra["exact_dedup"] = {"examples": [{k: e[k] for k in ("id", "duplicate_of_id", "cluster_size")} for e in examples]}
         return stats
+
+    def _near_dedup(self, folder: Path, source_stage: str, normalize_opts: Optional[dict]) -> dict:
+        """Signatures -> candidate edges (MinHash LSH, SimHash blocks) -> components -> keepers -> removal."""
+        dc, client = self.cfg.dedup, self.client
+        parts = self.parts(source_stage)
+        nparts = max(1, len(parts))
+        sh = dc.shingling
+        spec = near_dedup.SignatureSpec(
+            minhash=ShingleSpec(dc.minhash.word_ngram, dc.minhash.char_ngram, sh.lowercase, sh.strip_punctuation, sh.cjk_share)
+            if dc.minhash.enabled else None,
+            num_perm=dc.minhash.num_perm,
+            seed=dc.minhash.seed,
+            simhash=ShingleSpec(dc.simhash.word_ngram, dc.simhash.char_ngram, sh.lowercase, sh.strip_punctuation, sh.cjk_share)
+            if dc.simhash.enabled else None,
+            keep_field=dc.keep_field if dc.keep == "field" else None,
+            normalize=normalize_opts,
+        )
+        sig_dir = folder / "signatures"
+        sig_paths = [str(sig_dir / Path(p).name) for p in parts]
+        results = run_tasks(client, [delayed(near_dedup.signature_part)(p, s, spec) for p, s in zip(parts, sig_paths)],
+                            "near_dedup: signatures")
+        stats: dict = {"docs_in": sum(r["docs"] for r in results), "edges": {}}
+        edge_sets = []
+        if dc.minhash.enabled:
+            bands, rows = dc.minhash.bands, dc.minhash.rows
+            if bands is None or rows is None:
+                bands, rows = minhash.optimal_bands(dc.minhash.threshold, dc.minhash.num_perm)
+            if bands * rows > dc.minhash.num_perm:
+                raise PipelineError(f"dedup.minhash.bands x rows = {bands * rows} exceeds num_perm {dc.minhash.num_perm}")
+            self.log(f"  near_dedup: MinHash LSH, {bands} bands x {rows} rows (threshold {dc.minhash.threshold})")
+            stats["minhash_bands"], stats["minhash_rows"] = bands, rows
+            buckets = dd.from_map(near_dedup.minhash_band_part, sig_paths, bands=bands, rows=rows,
+                                  meta=minhash.BAND_META, enforce_metadata=False)
+            cand = buckets.shuffle(on="band_key", npartitions=nparts).map_partitions(minhash.bucket_edges, meta=minhash.EDGE_META)
+            cand = cand.shuffle(on="a", npartitions=nparts).map_partitions(lambda p: p.drop_duplicates(), meta=minhash.EDGE_META)
+            sig_a = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "minhash"],
+                                rename={"uid": "a", "minhash": "sig_a"}, enforce_metadata=False)
+            sig_b = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "minhash"],
+                                rename={"uid": "b", "minhash": "sig_b"}, enforce_metadata=False)
+            pairs = cand.merge(sig_a, on="a").merge(sig_b, on="b")
+            verified = pairs.map_partitions(near_dedup.verify_minhash_edges,
+                                            dc.minhash.threshold if dc.minhash.verify else None,
+                                            meta=near_dedup.VERIFIED_META)
+            edge_sets.append(verified.assign(method=np.int8(0)))
+        if dc.simhash.enabled:
+            k = dc.simhash.max_distance
+            self.log(f"  near_dedup: SimHash, Hamming <= {k} via {k + 1} blocks")
+            blocks = dd.from_map(near_dedup.simhash_block_part, sig_paths, max_distance=k,
+                                 meta=simhash.BLOCK_META, enforce_metadata=False)
+            near = blocks.shuffle(on="block_key", npartitions=nparts).map_partitions(
+                simhash.near_edges, k, dc.simhash.max_bucket, dc.simhash.window, meta=simhash.EDGE_META)
+            near = near.shuffle(on="a", npartitions=nparts).map_partitions(
+                lambda p: p.drop_duplicates(subset=["a", "b"]), meta=simhash.EDGE_META)
+            edge_sets.append(near.map_partitions(
+                lambda p: pd.DataFrame({"a": p["a"].to_numpy(), "b": p["b"].to_numpy(),
+                                        "similarity": 1.0 - p["distance"].to_numpy() / 64.0, "method": np.int8(1)}),
+                meta=near_dedup.VERIFIED_META.assign(method=np.int8(0))))
+        edges_dir = folder / "edges"
+        self.log("  near_dedup: bucketing candidates (Dask shuffles)")
+        dd.concat(edge_sets).to_parquet(str(edges_dir), write_index=False, compute=False).compute()
+        edge_files = sorted(str(p) for p in edges_dir.glob("*.parquet"))
+        edge_tables = [pq.read_table(f, columns=["method"]) for f in edge_files]
+        n_edges = sum(t.num_rows for t in edge_tables)
+        for t in edge_tables:
+            for code, name in ((0, "minhash"), (1, "simhash")):
+                stats["edges"][name] = stats["edges"].get(name, 0) + int(np.sum(t.column("method").to_numpy() == code))
+        budget = dc.components_memory_mb << 20
+        if n_edges * 16 <= budget:
+            mode = "in_memory"
+            e = pq.read_table(edge_files, columns=["a", "b"]) if edge_files else None
+            labels = components.components_in_memory(
+                e.column("a").to_numpy() if e is not None else np.empty(0, np.int64),
+                e.column("b").to_numpy() if e is not None else np.empty(0, np.int64))
+            labels_dd = dd.from_pandas(labels, npartitions=nparts)
+        else:
+            mode = "distributed"
+            labels_dd = components.components_distributed(dd.read_parquet(edge_files, columns=["a", "b"]), log=self.log)
+        self.log(f"  near_dedup: {n_edges} edges -> connected components {mode.replace('_', ' ')} "
+                 f"(edge list {n_edges * 16 / 2**20:.1f} MiB, budget {dc.components_memory_mb} MiB)")
+        stats["components_mode"] = mode
+        attrs = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "id", "source", "n_chars", "keep_key"],
+                            enforce_metadata=False)
+        nodes = labels_dd.merge(attrs, on="uid", how="inner")
+        removed = nodes.shuffle(on="root", npartitions=nparts).map_partitions(
+            near_dedup.choose_keepers, dc.keep, dc.keep_order, meta=near_dedup.CLUSTER_META)
+        method = dd.from_map(near_dedup.node_methods, edge_files or [None], enforce_metadata=False)
+        removed = removed.merge(method, on="uid", how="left")
+        if dc.minhash.enabled:
+            su = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "minhash"],
+                             rename={"minhash": "sig_a"}, enforce_metadata=False)
+            sk = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "minhash"],
+                             rename={"uid": "duplicate_of", "minhash": "sig_b"}, enforce_metadata=False)
+        else:
+            su = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "simhash"],
+                             rename={"simhash": "sig_a"}, enforce_metadata=False)
+            sk = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "simhash"],
+                             rename={"uid": "duplicate_of", "simhash": "sig_b"}, enforce_metadata=False)
+        removed = removed.merge(su, on="uid").merge(sk, on="duplicate_of").map_partitions(
+            near_dedup.finish_removed, dc.minhash.threshold, 1.0 - dc.simhash.max_distance / 64.0, meta=near_dedup.REMOVED_META)
+        removed_dir = folder / "removed"
+        removed.to_parquet(str(removed_dir), write_index=False, compute=False).compute()
+        removed_files = sorted(str(p) for p in removed_dir.glob("*.parquet"))
+        table = pq.read_table(removed_files, columns=["uid", "reason", "cluster_id", "cluster_size"]) if removed_files else None
+        drop = np.sort(table.column("uid").to_numpy()) if table is not None else np.empty(0, np.int64)
+        drop_future = client.scatter(drop, broadcast=True)
+        tasks = [delayed(run_batch_part)(exact_dedup.drop_uids_batch, p, str(folder), "pandas",
+                                         {"drop_sorted": drop_future, "reason": None}) for p in parts]
+        for r in run_tasks(client, tasks, "near_dedup: remove"):
+            stats["docs_out"] = stats.get("docs_out", 0) + r["stats"]["docs_out"]
+        reasons = table.column("reason").to_pandas().value_counts().to_dict() if table is not None else {}
+        stats["removed"] = {str(k): int(v) for k, v in reasons.items()}
+        if table is not None and table.num_rows:
+            sizes = table.to_pandas().drop_duplicates("cluster_id")["cluster_size"]
+            stats["clusters"] = int(len(sizes))
+            stats["largest_cluster"] = int(sizes.max())
+            stats["cluster_sizes"] = {str(k): int(v) for k, v in sizes.value_counts().sort_index().items()}
+            examples = pq.read_table(removed_files[0]).slice(0, 10).to_pylist()
+            self.extra["near_dedup"] = {"examples": [{k: e[k] for k in ("id", "duplicate_of_id", "cluster_size", "reason", "score")}
+                                                     for e in examples]}
+        return stats
+
+    def _export_dedup(self, last: str) -> None:
+        """DIR/kept/ (the input's own fields) and DIR/removed/ (every duplicate, with what it duplicates)."""
+        kept_dir, removed_dir = self.out / "kept", self.out / "removed"
+        for d in (kept_dir, removed_dir):
+            if d.exists():
+                shutil.rmtree(d)
+        parts = self.parts(last)
+        tasks = [delayed(export_kept_part)(p, str(kept_dir), self.export_format, self.cfg.input.text_field,
+                                            self.cfg.input.id_field, self.cfg.input.source_field) for p in parts]
+        run_tasks(self.client, tasks, "export kept")
+        removed_dir.mkdir(parents=True)
+        n = 0
+        for stage in ("exact_dedup", "near_dedup"):
+            for f in sorted((self.stage_dir(stage) / "removed").glob("*.parquet")):
+                export_removed_part(str(f), str(removed_dir / f"{stage}-{n:05d}.parquet"))
+                n += 1
+        self.log(f"[export] kept documents in {kept_dir} ({self.export_format}), removed in {removed_dir}")
 
     def _tokenize(self, folder: Path, source_stage: str) -> dict:
         tc = self.cfg.tokenizer

@@ -36,6 +36,7 @@ REMOVED_SCHEMA = pa.schema(
         ("duplicate_of", pa.int64()),
         ("duplicate_of_id", pa.string()),
         ("cluster_size", pa.int64()),
+        ("cluster_id", pa.int64()),
     ]
 )
 
@@ -73,7 +74,7 @@ def removed_frame(rows: pd.DataFrame, reason: Any, score: Any = None, threshold:
     out["reason"] = reason if not isinstance(reason, pd.Series) else reason.to_numpy()
     for name, value in (("score", score), ("threshold", threshold)):
         out[name] = value.to_numpy() if isinstance(value, pd.Series) else value
-    for name in ("duplicate_of", "duplicate_of_id", "cluster_size"):
+    for name in ("duplicate_of", "duplicate_of_id", "cluster_size", "cluster_id"):
         out[name] = extra.get(name)
     return out
 

@@ -6,6 +6,8 @@ removes them partition by partition.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 import xxhash
@@ -38,11 +40,19 @@ def hash_batch(df: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def hash_file(path: str) -> pd.DataFrame:
-    """`hash_batch` of one Parquet part of documents."""
+def hash_file(path: str, normalize: Optional[dict] = None) -> pd.DataFrame:
+    """`hash_batch` of one Parquet part of documents, normalising the text first when asked
+    (when the stored text is the original, as in a dedup-only job)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    return hash_batch(pq.read_table(path, columns=["uid", "id", "source", "text"]).to_pandas())
+    table = pq.read_table(path, columns=["uid", "id", "source", "text"])
+    if normalize is not None:
+        from .normalize import normalize_array
+
+        texts = normalize_array(table.column("text").combine_chunks(), **normalize)
+        table = table.set_column(3, "text", texts)
+    return hash_batch(table.to_pandas())
 
 
 REMOVED_META = pd.DataFrame(
@@ -56,6 +66,7 @@ REMOVED_META = pd.DataFrame(
         "duplicate_of": pd.Series(dtype="int64"),
         "duplicate_of_id": pd.Series(dtype="string[pyarrow]"),
         "cluster_size": pd.Series(dtype="int64"),
+        "cluster_id": pd.Series(dtype="int64"),
     }
 )
 
@@ -80,6 +91,7 @@ def duplicates_in_group(df: pd.DataFrame) -> pd.DataFrame:
             "duplicate_of": keeper[dup],
             "duplicate_of_id": id_of.loc[keeper[dup]].to_numpy(),
             "cluster_size": size[dup].astype("int64"),
+            "cluster_id": keeper[dup],
         }
     )
     return out.astype(REMOVED_META.dtypes.to_dict())
@@ -93,8 +105,9 @@ def find_exact_duplicates(hashes):  # dask DataFrame -> dask DataFrame (lazy)
     return shuffled.map_partitions(duplicates_in_group, meta=REMOVED_META)
 
 
-def drop_uids_batch(df: pd.DataFrame, drop_sorted: np.ndarray) -> BatchResult:
-    """Remove the documents whose uid is in `drop_sorted` (a sorted int64 array)."""
+def drop_uids_batch(df: pd.DataFrame, drop_sorted: np.ndarray, reason: Optional[str] = "exact") -> BatchResult:
+    """Remove the documents whose uid is in `drop_sorted` (a sorted int64 array); counted under
+    `reason` (None: counted by the caller, which knows each document's reason)."""
     uids = df["uid"].to_numpy(dtype="int64")
     if len(drop_sorted):
         pos = np.searchsorted(drop_sorted, uids).clip(max=len(drop_sorted) - 1)
@@ -102,4 +115,7 @@ def drop_uids_batch(df: pd.DataFrame, drop_sorted: np.ndarray) -> BatchResult:
     else:
         drop = np.zeros(len(uids), dtype=bool)
     kept = df[~drop].reset_index(drop=True)
-    return BatchResult(kept=kept, stats={"docs_in": len(df), "docs_out": len(kept), "removed": {"exact": int(drop.sum())}})
+    stats = {"docs_in": len(df), "docs_out": len(kept)}
+    if reason is not None:
+        stats["removed"] = {reason: int(drop.sum())}
+    return BatchResult(kept=kept, stats=stats)

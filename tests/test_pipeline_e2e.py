@@ -120,7 +120,7 @@ def test_shards_equal_per_rank_and_hold_every_kept_token(run):
     assert all(r.dtype == np.int32 and r.shape == (window,) for rows in per_rank.values() for r in rows)
 
     # packing is lossless: each part's windows followed by its tail reproduce its documents' tokens
-    tok_parts = sorted((out / "04-tokenize").glob("part-*.parquet"))
+    tok_parts = sorted((out / "05-tokenize").glob("part-*.parquet"))
     eos = manifest["tokenizer"]["eos_id"]
     tails, packed = [], []
     for tp in tok_parts:
@@ -128,13 +128,13 @@ def test_shards_equal_per_rank_and_hold_every_kept_token(run):
         docs = t.column("input_ids").to_pylist()
         assert all(d[-1] == eos for d in docs)  # EOS ends every document
         stream = np.concatenate([np.asarray(d, np.int32) for d in docs]) if docs else np.empty(0, np.int32)
-        windows = pq.read_table(out / "05-pack" / tp.name).column("input_ids").to_pylist()
+        windows = pq.read_table(out / "06-pack" / tp.name).column("input_ids").to_pylist()
         body = np.asarray(windows, np.int32).reshape(-1)
         assert np.array_equal(stream[: len(body)], body)
         tails.append(stream[len(body):])
         packed.extend(tuple(w) for w in windows)
     tail_stream = np.concatenate(tails)
-    tail_path = out / "05-pack" / "part-tail.parquet"
+    tail_path = out / "06-pack" / "part-tail.parquet"
     tail_windows = pq.read_table(tail_path).column("input_ids").to_pylist() if tail_path.exists() else []
     assert np.array_equal(np.asarray(tail_windows, np.int32).reshape(-1), tail_stream[: len(tail_windows) * window])
     packed.extend(tuple(w) for w in tail_windows)
@@ -170,13 +170,13 @@ def test_resume_skips_finished_stages_and_reruns_changed_ones(run, dask_client):
     before = json.loads((run["out"] / "shards" / "manifest.json").read_text())
     logs: list[str] = []
     again = Pipeline(run["cfg"], run["out"], resume=True, client=dask_client, log=logs.append).run()
-    assert again.skipped == ["read", "normalize", "filter", "exact_dedup", "tokenize", "pack", "shard"]
+    assert again.skipped == ["read", "normalize", "filter", "exact_dedup", "near_dedup", "tokenize", "pack", "shard"]
     after = json.loads((run["out"] / "shards" / "manifest.json").read_text())
     assert [f["sha256"] for f in after["files"]] == [f["sha256"] for f in before["files"]]
     assert again.ledger["input"] == run["result"].ledger["input"]
     changed = parse_config(e2e_config(root / "corpus", pack={"seq_length": 16}))
     third = Pipeline(changed, run["out"], resume=True, client=dask_client, log=logs.append).run()
-    assert third.skipped == ["read", "normalize", "filter", "exact_dedup", "tokenize"]
+    assert third.skipped == ["read", "normalize", "filter", "exact_dedup", "near_dedup", "tokenize"]
     assert json.loads((run["out"] / "shards" / "manifest.json").read_text())["sample_length"] == 17
 
 

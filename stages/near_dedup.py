@@ -1,0 +1,204 @@
+"""Near-duplicate removal: per-partition signatures, and the choice of the document a cluster keeps.
+
+The pipeline (pipeline/runner.py) wires these with Dask: signatures per part, LSH/SimHash buckets
+through shuffles, connected components, then `choose_keepers` per cluster. Finding duplicates is kept
+apart from removing them (the removal reuses `exact_dedup.drop_uids_batch`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.parquet as pq
+
+from . import minhash, simhash
+from .base import write_table_atomic
+from .normalize import normalize_array
+from .shingles import ShingleSpec, shingle_hashes
+
+
+@dataclass(frozen=True)
+class SignatureSpec:
+    minhash: Optional[ShingleSpec]  # None: MinHash disabled
+    num_perm: int
+    seed: int
+    simhash: Optional[ShingleSpec]  # None: SimHash disabled
+    keep_field: Optional[str] = None
+    normalize: Optional[dict] = None  # normalise before shingling (when the stored text is the original)
+
+
+def signature_part(in_path: str, out_path: str, spec: SignatureSpec) -> dict:
+    """Signatures and keep attributes of one part: uid, id, source, n_chars, keep_key, minhash, simhash."""
+    table = pq.read_table(in_path, columns=["uid", "id", "source", "text", "meta"])
+    texts = table.column("text").combine_chunks()
+    if spec.normalize is not None:
+        texts = normalize_array(texts, **spec.normalize)
+    cols = {
+        "uid": table.column("uid"),
+        "id": table.column("id"),
+        "source": table.column("source"),
+        "n_chars": pa.compute.utf8_length(texts).cast(pa.int64()),
+        "keep_key": pa.array(_keep_keys(table.column("meta").to_pylist(), spec.keep_field), pa.string()),
+    }
+    stats = {"docs": table.num_rows}
+    if spec.minhash is not None:
+        hashes, offsets = shingle_hashes(texts, spec.minhash)
+        sig = minhash.signatures(hashes, offsets, spec.num_perm, spec.seed)
+        width = spec.num_perm * 4
+        cols["minhash"] = pa.Array.from_buffers(
+            pa.binary(), len(sig), [None, pa.py_buffer((np.arange(len(sig) + 1, dtype=np.int64) * width).astype(np.int32)),
+                                    pa.py_buffer(np.ascontiguousarray(sig).view(np.uint8))])
+        cols["minhash_shingles"] = pa.array(np.diff(offsets))
+        stats["minhash_shingles"] = int(len(hashes))
+    if spec.simhash is not None:
+        if spec.simhash != spec.minhash or spec.minhash is None:
+            hashes, offsets = shingle_hashes(texts, spec.simhash)
+        cols["simhash"] = pa.array(simhash.fingerprints(hashes, offsets).view(np.int64))
+        cols["simhash_features"] = pa.array(np.diff(offsets))
+    write_table_atomic(pa.table(cols), _as_path(out_path))
+    return stats
+
+
+def _as_path(p: str):
+    from pathlib import Path
+
+    return Path(p)
+
+
+def _keep_keys(metas: list, field: Optional[str]) -> list:
+    if not field:
+        return [None] * len(metas)
+    out = []
+    for m in metas:
+        value = json.loads(m).get(field) if m else None
+        out.append(None if value is None else str(value))
+    return out
+
+
+def load_signatures(path: str, fields: list[str], rename: Optional[dict] = None) -> pd.DataFrame:
+    """Columns of a signature part, optionally renamed (merges need distinct names per side)."""
+    table = pq.read_table(path, columns=fields)
+    # binary columns stay Arrow-backed: Dask would otherwise try to turn bytes objects into strings
+    df = table.to_pandas(types_mapper=lambda t: pd.ArrowDtype(t) if pa.types.is_binary(t) else None)
+    return df.rename(columns=rename) if rename else df
+
+
+def minhash_band_part(path: str, bands: int, rows: int) -> pd.DataFrame:
+    df = pq.read_table(path, columns=["uid", "minhash"]).to_pandas()
+    sig = _sig_matrix(df["minhash"])
+    return minhash.band_rows(df["uid"].to_numpy(), sig, bands, rows)
+
+
+def simhash_block_part(path: str, max_distance: int) -> pd.DataFrame:
+    df = pq.read_table(path, columns=["uid", "simhash", "simhash_features"]).to_pandas()
+    fps = df["simhash"].to_numpy().view(np.uint64)
+    return simhash.block_rows(df["uid"].to_numpy(), fps, df["simhash_features"].to_numpy() > 0, max_distance)
+
+
+def _sig_matrix(blobs: pd.Series) -> np.ndarray:
+    values = blobs.tolist()
+    if not values:
+        return np.empty((0, 0), np.uint32)
+    return np.frombuffer(b"".join(values), dtype=np.uint32).reshape(len(values), -1)
+
+
+VERIFIED_META = pd.DataFrame({"a": pd.Series(dtype="int64"), "b": pd.Series(dtype="int64"),
+                              "similarity": pd.Series(dtype="float64")})
+
+
+def verify_minhash_edges(part: pd.DataFrame, threshold: Optional[float]) -> pd.DataFrame:
+    """Estimated Jaccard of each candidate pair from their signatures; pairs below `threshold` dropped."""
+    if part.empty:
+        return VERIFIED_META.copy()
+    sim = minhash.signature_jaccard(_sig_matrix(part["sig_a"]), _sig_matrix(part["sig_b"]))
+    out = pd.DataFrame({"a": part["a"].to_numpy(), "b": part["b"].to_numpy(), "similarity": sim})
+    return out if threshold is None else out[out["similarity"] >= threshold].reset_index(drop=True)
+
+
+CLUSTER_META = pd.DataFrame({
+    "uid": pd.Series(dtype="int64"), "id": pd.Series(dtype="string[pyarrow]"),
+    "source": pd.Series(dtype="string[pyarrow]"), "duplicate_of": pd.Series(dtype="int64"),
+    "duplicate_of_id": pd.Series(dtype="string[pyarrow]"), "cluster_id": pd.Series(dtype="int64"),
+    "cluster_size": pd.Series(dtype="int64"),
+})
+
+
+def choose_keepers(nodes: pd.DataFrame, policy: str, order: str = "max") -> pd.DataFrame:
+    """Within a frame holding whole clusters (uid, root, id, source, n_chars, keep_key): one document
+    kept per cluster, every other one returned with the kept one's uid and id.
+
+    policy: lowest_uid | longest (most characters) | field (meta field value, `order` max or min);
+    ties always go to the lowest uid, so the result never depends on partitioning."""
+    if nodes.empty:
+        return CLUSTER_META.copy()
+    df = nodes.sort_values(["root", "uid"], kind="stable")
+    if policy == "lowest_uid":
+        rank_key = None
+    elif policy == "longest":
+        rank_key = -df["n_chars"].astype("float64")
+    elif policy == "field":
+        raw = df["keep_key"]
+        numeric = pd.to_numeric(raw, errors="coerce")
+        key = numeric if numeric.notna().sum() == raw.notna().sum() else raw.astype("string")
+        if isinstance(key.dtype, pd.StringDtype):
+            codes = key.rank(method="dense", na_option="bottom" if order == "max" else "top")
+            key = codes
+        rank_key = -key.astype("float64") if order == "max" else key.astype("float64")
+        rank_key = rank_key.fillna(np.inf)  # documents without the field lose
+    else:
+        raise ValueError(f"unknown keep policy {policy!r}")
+    if rank_key is not None:
+        df = df.assign(_rank=rank_key.to_numpy()).sort_values(["root", "_rank", "uid"], kind="stable")
+    first = ~df["root"].duplicated()
+    keeper_uid = df["uid"].where(first).ffill().astype("int64")
+    keeper_id = df["id"].where(first).ffill()
+    size = df.groupby("root")["uid"].transform("count")
+    out = pd.DataFrame({
+        "uid": df["uid"].to_numpy(), "id": df["id"].to_numpy(), "source": df["source"].to_numpy(),
+        "duplicate_of": keeper_uid.to_numpy(), "duplicate_of_id": keeper_id.to_numpy(),
+        "cluster_id": df["root"].to_numpy(), "cluster_size": size.to_numpy().astype("int64"),
+    })
+    return out[~first.to_numpy()].reset_index(drop=True).astype(CLUSTER_META.dtypes.to_dict())
+
+
+def node_methods(edge_path: Optional[str]) -> pd.DataFrame:
+    """(uid, method) per node of one edge part: 0 when any MinHash edge touches it, else 1 (SimHash)."""
+    if edge_path is None:
+        return pd.DataFrame({"uid": pd.Series(dtype="int64"), "method": pd.Series(dtype="int8")})
+    e = pq.read_table(edge_path, columns=["a", "b", "method"]).to_pandas()
+    nodes = pd.DataFrame({"uid": np.concatenate([e["a"], e["b"]]), "method": np.concatenate([e["method"], e["method"]])})
+    return nodes.groupby("uid", as_index=False)["method"].min()
+
+
+REMOVED_META = pd.DataFrame({
+    "uid": pd.Series(dtype="int64"), "id": pd.Series(dtype="string[pyarrow]"),
+    "source": pd.Series(dtype="string[pyarrow]"), "reason": pd.Series(dtype="string[pyarrow]"),
+    "score": pd.Series(dtype="float64"), "threshold": pd.Series(dtype="float64"),
+    "duplicate_of": pd.Series(dtype="int64"), "duplicate_of_id": pd.Series(dtype="string[pyarrow]"),
+    "cluster_size": pd.Series(dtype="int64"), "cluster_id": pd.Series(dtype="int64"),
+})
+
+
+def finish_removed(part: pd.DataFrame, minhash_threshold: float = np.nan, simhash_threshold: float = np.nan) -> pd.DataFrame:
+    """Reason (the method whose edges reached the document) and its estimated similarity to the kept one."""
+    if part.empty:
+        return REMOVED_META.copy()
+    if not pd.api.types.is_integer_dtype(part["sig_a"].dtype):  # MinHash signatures (binary)
+        sim = minhash.signature_jaccard(_sig_matrix(part["sig_a"]), _sig_matrix(part["sig_b"]))
+    else:  # SimHash fingerprints
+        sim = 1.0 - simhash.popcount64(part["sig_a"].to_numpy() ^ part["sig_b"].to_numpy()) / 64.0
+    # a node may appear in several edge parts: the smallest method code wins
+    method = part.groupby("uid")["method"].transform("min").fillna(0).to_numpy()
+    out = pd.DataFrame({
+        "uid": part["uid"].to_numpy(), "id": part["id"].to_numpy(), "source": part["source"].to_numpy(),
+        "reason": np.where(method == 0, "minhash", "simhash"), "score": sim,
+        "threshold": np.where(method == 0, minhash_threshold, simhash_threshold),
+        "duplicate_of": part["duplicate_of"].to_numpy(), "duplicate_of_id": part["duplicate_of_id"].to_numpy(),
+        "cluster_size": part["cluster_size"].to_numpy(), "cluster_id": part["cluster_id"].to_numpy(),
+    })
+    return out.drop_duplicates("uid").astype(REMOVED_META.dtypes.to_dict())
