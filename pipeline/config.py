@@ -72,7 +72,9 @@ class MinHashConfig(_Section):
     enabled: bool = Field(True, description="Find near duplicates with MinHash LSH.")
     threshold: float = Field(0.8, gt=0, le=1, description="Jaccard similarity at which two documents are duplicates.")
     num_perm: int = Field(128, gt=0, description="Permutations per signature.")
-    bands: Optional[int] = Field(None, gt=0, description="LSH bands; null = datasketch's optimum for the threshold.")
+    bands: Optional[int] = Field(
+        None, gt=0, description="LSH bands; null = datasketch's optimum for the threshold (recall-weighted when verify is on)."
+    )
     rows: Optional[int] = Field(None, gt=0, description="Rows per band; null = datasketch's optimum for the threshold.")
     word_ngram: int = Field(5, gt=0, description="Shingle size in words, for space-delimited text.")
     char_ngram: int = Field(5, gt=0, description="Shingle size in characters, for CJK text.")
@@ -100,7 +102,7 @@ class DedupConfig(_Section):
     keep_field: Optional[str] = Field(None, description="With keep: field, the input field compared (e.g. a date).")
     keep_order: Literal["max", "min"] = Field("max", description="With keep: field, keep the largest (newest) or smallest value.")
     components_memory_mb: int = Field(
-        512, gt=0, description="Connected components run in memory below this edge-list size, distributed on Dask above."
+        512, ge=0, description="Connected components run in memory below this edge-list size, distributed on Dask above."
     )
 
     @model_validator(mode="after")

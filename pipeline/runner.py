@@ -287,7 +287,7 @@ class Pipeline:
         if dc.minhash.enabled:
             bands, rows = dc.minhash.bands, dc.minhash.rows
             if bands is None or rows is None:
-                bands, rows = minhash.optimal_bands(dc.minhash.threshold, dc.minhash.num_perm)
+                bands, rows = minhash.optimal_bands(dc.minhash.threshold, dc.minhash.num_perm, dc.minhash.verify)
             if bands * rows > dc.minhash.num_perm:
                 raise PipelineError(f"dedup.minhash.bands x rows = {bands * rows} exceeds num_perm {dc.minhash.num_perm}")
             self.log(f"  near_dedup: MinHash LSH, {bands} bands x {rows} rows (threshold {dc.minhash.threshold})")

@@ -69,11 +69,14 @@ def signature_jaccard(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return (x == y).mean(axis=1)
 
 
-def optimal_bands(threshold: float, num_perm: int) -> tuple[int, int]:
-    """datasketch's (bands, rows) minimising equal-weighted false positive and negative probability."""
+def optimal_bands(threshold: float, num_perm: int, verify: bool = True) -> tuple[int, int]:
+    """datasketch's optimal (bands, rows) for the threshold. With verification on, candidates are
+    checked against their signatures anyway, so the bands are tuned for recall (false negatives
+    weigh 0.9, false positives 0.1); without it, both weigh 0.5 (datasketch's default)."""
     from datasketch.lsh import _optimal_param
 
-    return _optimal_param(threshold, num_perm, 0.5, 0.5)
+    fp, fn = (0.1, 0.9) if verify else (0.5, 0.5)
+    return _optimal_param(threshold, num_perm, fp, fn)
 
 
 def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:

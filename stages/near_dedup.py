@@ -144,12 +144,11 @@ def choose_keepers(nodes: pd.DataFrame, policy: str, order: str = "max") -> pd.D
     elif policy == "field":
         raw = df["keep_key"]
         numeric = pd.to_numeric(raw, errors="coerce")
-        key = numeric if numeric.notna().sum() == raw.notna().sum() else raw.astype("string")
-        if isinstance(key.dtype, pd.StringDtype):
-            codes = key.rank(method="dense", na_option="bottom" if order == "max" else "top")
-            key = codes
-        rank_key = -key.astype("float64") if order == "max" else key.astype("float64")
-        rank_key = rank_key.fillna(np.inf)  # documents without the field lose
+        if numeric.notna().sum() == raw.notna().sum():  # every present value is a number
+            key = numeric.astype("float64")
+        else:  # compare as text (ISO dates sort correctly)
+            key = raw.astype(object).rank(method="dense").astype("float64")
+        rank_key = (-key if order == "max" else key).fillna(np.inf)  # documents without the field lose
     else:
         raise ValueError(f"unknown keep policy {policy!r}")
     if rank_key is not None:

@@ -60,7 +60,9 @@ def test_demo_runs_everything_and_prints_a_summary(demo_run):
     assert ledger["input"] == ledger["kept"] + ledger["filtered"] + ledger["duplicates"] + ledger["quarantined"]
     assert ledger["filtered"] > 0 and ledger["duplicates"] > 0 and ledger["quarantined"] > 0  # every stage removes something
     planted = json.loads((out / "corpus" / "PLANTED.json").read_text())["counts"]
-    assert ledger["duplicates"] == planted["exact_duplicates"] and ledger["quarantined"] == planted["malformed"]
+    assert ledger["stages"]["exact_dedup"]["removed"] == {"exact": planted["exact_duplicates"]}
+    assert ledger["stages"]["near_dedup"]["removed"].get("minhash", 0) > 0
+    assert ledger["quarantined"] == planted["malformed"]
     assert f"resolved by exact dedup {planted['exact_duplicates']} / {planted['exact_duplicates']}" in stdout
     metrics = [json.loads(x) for x in (out / "train" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 30 and metrics[-1]["loss"] < metrics[0]["loss"]

@@ -1,0 +1,219 @@
+"""Near-duplicate detection: equality with datasketch and simhash, components, keep policies, and the
+dedup job end to end (real Dask, planted near duplicates in English and Chinese)."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from datasketch import MinHash
+from simhash import Simhash
+
+from pipeline.config import parse_config
+from pipeline.runner import Pipeline
+from stages.components import components_distributed, components_in_memory
+from stages.minhash import signatures
+from stages.near_dedup import choose_keepers
+from stages.shingles import ShingleSpec, shingle_hash32, shingle_hash64, shingle_hashes, shingle_strings
+from stages.simhash import block_rows, fingerprints, near_edges, popcount64
+from tests.conftest import write_jsonl
+
+SAMPLES = [
+    "The quick brown fox jumps over the lazy dog, again and again!",
+    "数据清洗是大模型预训练中最容易被低估的环节。原始语料里常常混杂着重复的网页。",
+    "中文 mixed with English words, 你好世界, and numbers 123.",
+    "short one",
+    "",
+    "   ",
+    "Ｆｕｌｌ－ｗｉｄｔｈ ＬＥＴＴＥＲＳ and tabs\tand\nnewlines",
+    "こんにちは世界、これは日本語の文です。",
+]
+
+
+@pytest.mark.parametrize("spec", [ShingleSpec(), ShingleSpec(word_ngram=2, char_ngram=3, lowercase=False, strip_punctuation=False)])
+def test_vectorised_shingles_equal_the_reference(spec):
+    hashes, offsets = shingle_hashes(pa.array(SAMPLES), spec)
+    for i, text in enumerate(SAMPLES):
+        ref = [shingle_hash64(s.encode()) for s in shingle_strings(text, spec)]
+        assert hashes[offsets[i]:offsets[i + 1]].tolist() == ref, text
+
+
+def test_cjk_detected_per_document_and_shingled_by_character():
+    assert shingle_strings("今天天气很好", ShingleSpec(char_ngram=2))[:2] == ["今 天", "天 天"]
+    assert shingle_strings("one two three", ShingleSpec(word_ngram=2)) == ["one two", "two three"]
+
+
+@pytest.mark.parametrize("num_perm,seed", [(128, 1), (64, 42)])
+def test_minhash_signatures_equal_datasketch(num_perm, seed):
+    hashes, offsets = shingle_hashes(pa.array(SAMPLES))
+    sig = signatures(hashes, offsets, num_perm, seed)
+    for i, text in enumerate(SAMPLES):
+        m = MinHash(num_perm=num_perm, seed=seed, hashfunc=shingle_hash32)
+        for s in shingle_strings(text):
+            m.update(s.encode())
+        assert np.array_equal(sig[i], m.hashvalues), text
+
+
+def test_simhash_fingerprints_equal_the_simhash_package():
+    spec = ShingleSpec(word_ngram=3, char_ngram=3)
+    hashes, offsets = shingle_hashes(pa.array(SAMPLES), spec)
+    fps = fingerprints(hashes, offsets)
+    for i, text in enumerate(SAMPLES):
+        features = shingle_strings(text, spec)
+        if features:
+            assert int(fps[i]) == Simhash(features, hashfunc=shingle_hash64).value, text
+
+
+def test_simhash_character_features_keep_one_word_changes_close():
+    rng = random.Random(1)
+    base = "".join(rng.choice([chr(0x4E00 + i) for i in range(2000)]) for _ in range(600))
+    edited = base[:300] + "改动" + base[302:]
+    spec = ShingleSpec(word_ngram=3, char_ngram=3)
+    hashes, offsets = shingle_hashes(pa.array([base, edited, base[::-1]]), spec)
+    fps = fingerprints(hashes, offsets)
+    assert int(popcount64(np.array([fps[0] ^ fps[1]]))[0]) <= 3
+    assert int(popcount64(np.array([fps[0] ^ fps[2]]))[0]) > 10
+
+
+def test_simhash_buckets_find_pairs_within_k_and_handle_oversized_buckets():
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 2**63, 50, dtype=np.int64).view(np.uint64)
+    flips = np.uint64(1) << rng.integers(0, 64, 50).astype(np.uint64)
+    fps = np.concatenate([base, base ^ flips])  # each base has a twin at distance 1
+    uids = np.arange(100)
+    rows = block_rows(uids, fps, np.ones(100, bool), max_distance=3)
+    edges = near_edges(rows, 3)
+    assert {(int(a), int(b)) for a, b in zip(edges["a"], edges["b"])} == {(i + 50, i) for i in range(50)}
+    # one block value shared by 3000 fingerprints: windowed, not quadratic, and still finds twins
+    many = np.uint64(0xABCD) | (rng.integers(0, 2**47, 3000, dtype=np.int64).astype(np.uint64) << np.uint64(16))
+    fps2 = np.concatenate([many, many ^ np.uint64(1 << 40)])
+    rows2 = block_rows(np.arange(6000), fps2, np.ones(6000, bool), max_distance=3)
+    edges2 = near_edges(rows2, 3, max_bucket=100, window=8)
+    assert {(i + 3000, i) for i in range(3000)} <= {(int(a), int(b)) for a, b in zip(edges2["a"], edges2["b"])}
+
+
+def test_components_in_memory_and_distributed_agree(dask_client):
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 400, 300) * 11 + 5
+    b = rng.integers(0, 400, 300) * 11 + 5
+    chain = np.arange(10_000, 10_060)  # a long path needs several rounds
+    a, b = np.concatenate([a, chain[1:]]), np.concatenate([b, chain[:-1]])
+    keep = a != b
+    a, b = a[keep], b[keep]
+    ref = components_in_memory(a, b).sort_values("uid").reset_index(drop=True)
+    got = components_distributed(dd.from_pandas(pd.DataFrame({"a": a, "b": b}), npartitions=3)).compute()
+    got = got.sort_values("uid").reset_index(drop=True)[["uid", "root"]].astype("int64")
+    assert ref.equals(got)
+    assert (ref.groupby("root")["uid"].min() == ref.groupby("root")["uid"].min().index).all()
+
+
+def test_keep_policies():
+    nodes = pd.DataFrame({
+        "uid": [1, 2, 3, 7, 8], "root": [1, 1, 1, 7, 7], "id": ["a", "b", "c", "d", "e"], "source": "s",
+        "n_chars": [10, 30, 30, 5, 9], "keep_key": ["2020-01-01", "2024-05-01", None, "2021-03-01", "2019-12-31"],
+    })
+    low = choose_keepers(nodes, "lowest_uid")
+    assert dict(zip(low["uid"], low["duplicate_of"])) == {2: 1, 3: 1, 8: 7}
+    assert set(low["cluster_size"]) == {3, 2} and set(low["cluster_id"]) == {1, 7}
+    longest = choose_keepers(nodes, "longest")
+    assert dict(zip(longest["uid"], longest["duplicate_of"])) == {1: 2, 3: 2, 7: 8}  # tie 2 vs 3 -> lower uid
+    newest = choose_keepers(nodes, "field", "max")
+    assert dict(zip(newest["uid"], newest["duplicate_of_id"])) == {1: "b", 3: "b", 8: "d"}  # no value never wins
+    oldest = choose_keepers(nodes, "field", "min")
+    assert dict(zip(oldest["uid"], oldest["duplicate_of_id"])) == {2: "a", 3: "a", 7: "e"}
+    numbers = nodes.assign(keep_key=["3", "12", "7", "1", "2"])
+    assert dict(zip(*[choose_keepers(numbers, "field", "max")[c] for c in ("uid", "duplicate_of")])) == {1: 2, 3: 2, 7: 8}
+
+
+# ---- the dedup job end to end ---------------------------------------------------------------
+
+def _edit(text: str, rng: random.Random, words: bool, n_edits: int) -> str:
+    toks = text.split(" ") if words else list(text)
+    for _ in range(n_edits):
+        i = rng.randrange(len(toks))
+        toks[i] = rng.choice(["alpha", "beta", "gamma"]) if words else rng.choice("甲乙丙丁")
+    return (" " if words else "").join(toks)
+
+
+def build_near_corpus(root: Path) -> dict:
+    rng = random.Random(5)
+    vocab = [f"w{i}" for i in range(3000)]
+    hanzi = [chr(0x4E00 + i) for i in range(3000)]
+    docs, planted = [], set()
+    for i in range(120):
+        en = " ".join(rng.choice(vocab) for _ in range(400))
+        zh = "".join(rng.choice(hanzi) for _ in range(400))
+        docs.append({"id": f"en{i}", "text": en, "date": f"2020-01-{i % 28 + 1:02d}"})
+        docs.append({"id": f"zh{i}", "text": zh, "date": f"2020-02-{i % 28 + 1:02d}"})
+        if i % 4 == 0:  # a near copy with a few edits (Jaccard around 0.9), newer
+            docs.append({"id": f"en{i}-near", "text": _edit(en, rng, True, 4), "date": "2024-01-01"})
+            docs.append({"id": f"zh{i}-near", "text": _edit(zh, rng, False, 4), "date": "2024-01-01"})
+            planted |= {(f"en{i}-near", f"en{i}"), (f"zh{i}-near", f"zh{i}")}
+    rng.shuffle(docs)
+    write_jsonl(root / "a.jsonl", docs[: len(docs) // 2])
+    write_jsonl(root / "b.jsonl", docs[len(docs) // 2:], {3: b"not json\n"})
+    return {"planted": planted, "n": len(docs) + 1}
+
+
+def _dedup(root: Path, out: Path, client, **dedup) -> tuple:
+    cfg = parse_config({"input": {"paths": [str(root)], **dedup.pop("input", {})},
+                        "dedup": {"minhash": {"enabled": True}, **dedup}})
+    result = Pipeline(cfg, out, client=client, log=lambda m: None, job="dedup").run()
+    removed = pq.read_table(str(out / "removed")).to_pandas()
+    return result, removed
+
+
+@pytest.fixture(scope="module")
+def near_corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("near")
+    return root / "corpus", build_near_corpus(root / "corpus")
+
+
+def test_dedup_job_removes_exactly_the_planted_near_duplicates(near_corpus, dask_client, tmp_path):
+    corpus, truth = near_corpus
+    result, removed = _dedup(corpus, tmp_path / "out", dask_client)
+    led = result.ledger
+    assert led["input"] == truth["n"] == led["kept"] + led["duplicates"] + led["quarantined"] and led["filtered"] == 0
+    pairs = {tuple(sorted((r.id, r.duplicate_of))) for r in removed.itertuples()}
+    assert pairs == {tuple(sorted(p)) for p in truth["planted"]}
+    assert set(removed["reason"]) == {"minhash"} and (removed["similarity"] >= 0.8).all()
+    assert set(removed.columns) >= {"uid", "id", "reason", "duplicate_of", "cluster_id", "cluster_size", "similarity"}
+    kept = pq.read_table(str(tmp_path / "out" / "kept")).to_pandas()
+    assert len(kept) == led["kept"] and set(kept.columns) == {"id", "text", "source", "date"}
+
+
+def test_keep_newest_by_field_and_jsonl_export(near_corpus, dask_client, tmp_path):
+    corpus, truth = near_corpus
+    cfg = parse_config({"input": {"paths": [str(corpus)]},
+                        "dedup": {"keep": "field", "keep_field": "date", "keep_order": "max"}})
+    Pipeline(cfg, tmp_path / "out", client=dask_client, log=lambda m: None, job="dedup", export_format="jsonl").run()
+    removed = pq.read_table(str(tmp_path / "out" / "removed")).to_pandas()
+    assert set(removed["id"]) == {orig for _, orig in truth["planted"]}  # the newer copies are kept
+    kept_ids = {json.loads(line)["id"] for f in (tmp_path / "out" / "kept").glob("*.jsonl") for line in f.open()}
+    assert {near for near, _ in truth["planted"]} <= kept_ids
+
+
+def test_same_kept_set_whatever_the_partitioning_or_components_mode(near_corpus, dask_client, tmp_path):
+    corpus, _ = near_corpus
+    _, one = _dedup(corpus, tmp_path / "one", dask_client, input={"part_size_mb": 64})
+    _, many = _dedup(corpus, tmp_path / "many", dask_client, input={"part_size_mb": 0.02, "block_size_mb": 0.05},
+                     components_memory_mb=0)  # forces the distributed components
+    key = ["uid", "duplicate_of_uid", "cluster_id", "cluster_size"]
+    a = one.sort_values("uid")[key].reset_index(drop=True)
+    b = many.sort_values("uid")[key].reset_index(drop=True)
+    assert len(a) > 0 and a.equals(b)
+
+
+def test_simhash_method_in_the_dedup_job(near_corpus, dask_client, tmp_path):
+    corpus, truth = near_corpus
+    _, removed = _dedup(corpus, tmp_path / "out", dask_client,
+                        minhash={"enabled": False}, simhash={"enabled": True, "max_distance": 6})
+    pairs = {tuple(sorted((r.id, r.duplicate_of))) for r in removed.itertuples()}
+    assert set(removed["reason"]) <= {"simhash"} and pairs <= {tuple(sorted(p)) for p in truth["planted"]}
+    assert len(pairs) >= len(truth["planted"]) // 2
