@@ -66,6 +66,24 @@ def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: 
             lines.append(f"| {_md_escape(str(d['id']))} | {_md_escape(str(d['duplicate_of_id']))} | {d['cluster_size']} |")
         lines.append("")
 
+    near = stats.get("near_dedup")
+    if near:
+        lines += ["## Near duplicates", ""]
+        if "minhash_bands" in near:
+            lines.append(f"- MinHash LSH: {near['minhash_bands']} bands x {near['minhash_rows']} rows")
+        lines.append("- candidate edges kept: " + (", ".join(f"{k} {v:,}" for k, v in near.get("edges", {}).items()) or "none"))
+        lines.append(f"- connected components computed {near.get('components_mode', '?').replace('_', ' ')}")
+        if near.get("clusters"):
+            lines.append(f"- {near['clusters']:,} clusters, largest {near['largest_cluster']}; documents per cluster: "
+                         + ", ".join(f"{k}: {v:,}" for k, v in near["cluster_sizes"].items()))
+        examples = extra.get("near_dedup", {}).get("examples") or []
+        if examples:
+            lines += ["", "| removed | kept | method | similarity | cluster size |", "|---|---|---|---:|---:|"]
+            for e in examples:
+                lines.append(f"| {_md_escape(str(e['id']))} | {_md_escape(str(e['duplicate_of_id']))} | {e['reason']} | "
+                             f"{e['score']:.3f} | {e['cluster_size']} |")
+        lines.append("")
+
     tok = extra.get("tokenize", {}).get("tokenizer")
     if tok:
         lines += ["## Tokenizer", "",

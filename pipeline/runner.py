@@ -326,6 +326,8 @@ class Pipeline:
         n_edges = sum(t.num_rows for t in edge_tables)
         for t in edge_tables:
             for code, name in ((0, "minhash"), (1, "simhash")):
+                if not getattr(dc, name).enabled:
+                    continue
                 stats["edges"][name] = stats["edges"].get(name, 0) + int(np.sum(t.column("method").to_numpy() == code))
         budget = dc.components_memory_mb << 20
         if n_edges * 16 <= budget:
