@@ -31,11 +31,26 @@ def _tree_rss(proc: psutil.Process) -> tuple[int, int]:
     return total, biggest
 
 
-def measure(cmd: list[str]) -> dict:
+def _tree_cpu(proc: psutil.Process, seen: dict) -> None:
+    """Remember the latest user+system CPU seconds of every process in the tree."""
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            seen[p.pid] = t.user + t.system
+        except psutil.NoSuchProcess:
+            continue
+
+
+def measure(cmd: list[str], **popen) -> dict:
     start = time.perf_counter()
-    child = subprocess.Popen(cmd)
+    child = subprocess.Popen(cmd, **popen)
     proc = psutil.Process(child.pid)
     peak = {"tree": 0, "process": 0}
+    cpu: dict = {}
     done = threading.Event()
 
     def sample() -> None:
@@ -43,6 +58,7 @@ def measure(cmd: list[str]) -> dict:
             tree, biggest = _tree_rss(proc)
             peak["tree"] = max(peak["tree"], tree)
             peak["process"] = max(peak["process"], biggest)
+            _tree_cpu(proc, cpu)
             time.sleep(0.2)
 
     t = threading.Thread(target=sample, daemon=True)
@@ -51,6 +67,7 @@ def measure(cmd: list[str]) -> dict:
     done.set()
     t.join()
     return {"cmd": cmd, "returncode": rc, "wall_s": round(time.perf_counter() - start, 1),
+            "cpu_s": round(sum(cpu.values()), 1),
             "peak_rss_tree_mb": round(peak["tree"] / 2**20), "peak_rss_process_mb": round(peak["process"] / 2**20)}
 
 

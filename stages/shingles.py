@@ -75,14 +75,42 @@ def _prepare(texts: pa.Array, spec: ShingleSpec) -> pa.Array:
 
 
 def cjk_mask(texts: pa.Array, spec: ShingleSpec) -> np.ndarray:
+    """Documents at least `cjk_share` CJK (of all their characters) are shingled by character."""
     cjk = pc.count_substring_regex(texts, f"[{CJK}]").to_numpy(zero_copy_only=False)
-    spaces = pc.count_substring_regex(texts, r"[\s\p{Z}]").to_numpy(zero_copy_only=False)
-    nonspace = pc.utf8_length(texts).to_numpy(zero_copy_only=False) - spaces
-    return cjk >= spec.cjk_share * np.maximum(nonspace, 1)
+    chars = pc.utf8_length(texts).to_numpy(zero_copy_only=False)
+    return cjk >= spec.cjk_share * np.maximum(chars, 1)
+
+
+# Code points Python's str.split() treats as whitespace: removed between CJK characters.
+_SPACE_POINTS = np.array([c for c in range(0x3100) if chr(c).isspace()], dtype=np.uint32)
+
+
+def _words(texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """Whitespace-separated words of each document (flat) and their count per document."""
+    lists = pc.utf8_split_whitespace(texts)
+    flat = pc.list_flatten(lists)
+    keep = pc.greater(pc.utf8_length(flat), 0).to_numpy(zero_copy_only=False)  # runs of spaces split into ""
+    offsets = lists.offsets.to_numpy()
+    bounds = offsets - offsets[0]
+    counts = np.add.reduceat(np.r_[keep, False].astype(np.int64), bounds[:-1]) if len(keep) else np.zeros(len(texts), np.int64)
+    counts[bounds[:-1] == bounds[1:]] = 0  # reduceat's empty segments
+    return flat.filter(pa.array(keep)), counts.astype(np.int64)
 
 
 def _components(texts: list[str], cjk: np.ndarray) -> list[list[str]]:
-    return [list("".join(t.split())) if c else t.split() for t, c in zip(texts, cjk)]
+    out = []
+    for t, c in zip(texts, cjk):
+        if c:
+            out.append([ch for ch in t if ord(ch) not in _SPACE_SET])
+        else:
+            flat, _ = _words(pa.array([t], pa.string()))
+            out.append(flat.to_pylist())
+    return out
+
+
+_SPACE_SET = set(_SPACE_POINTS.tolist())
+_IS_SPACE = np.zeros(0x110000, dtype=bool)
+_IS_SPACE[_SPACE_POINTS] = True
 
 
 def shingle_strings(text: str, spec: ShingleSpec = ShingleSpec()) -> list[str]:
@@ -105,15 +133,8 @@ def _component_hashes(texts: pa.Array, cjk: np.ndarray) -> tuple[np.ndarray, np.
     parts: list[tuple[np.ndarray, np.ndarray]] = []  # (doc indices, flat hashes in doc order)
     word_idx = np.flatnonzero(~cjk)
     if len(word_idx):
-        docs = pc.utf8_trim_whitespace(pc.replace_substring_regex(texts.take(pa.array(word_idx)), r"[\s\p{Z}]+", " "))
-        words = pc.split_pattern(docs, " ")
-        lengths = pc.list_value_length(words).to_numpy(zero_copy_only=False).astype(np.int64)
-        flat = pc.list_flatten(words)
-        empty = pc.utf8_length(docs).to_numpy(zero_copy_only=False) == 0  # "" splits into [""]
-        if empty.any():
-            flat = flat.filter(pa.array(np.repeat(~empty, lengths)))
-            lengths[empty] = 0
-        encoded = pc.dictionary_encode(flat).combine_chunks() if isinstance(flat, pa.ChunkedArray) else pc.dictionary_encode(flat)
+        flat, lengths = _words(texts.take(pa.array(word_idx)))
+        encoded = pc.dictionary_encode(flat)
         uniques = encoded.dictionary.to_pylist()
         table = np.fromiter((xxhash.xxh3_64_intdigest(w.encode("utf-8")) for w in uniques), dtype=np.uint64, count=len(uniques))
         hashes = table[encoded.indices.to_numpy(zero_copy_only=False)] if len(uniques) else np.empty(0, np.uint64)
@@ -121,14 +142,17 @@ def _component_hashes(texts: pa.Array, cjk: np.ndarray) -> tuple[np.ndarray, np.
         parts.append((word_idx, hashes))
     cjk_idx = np.flatnonzero(cjk)
     if len(cjk_idx):
-        docs = pc.replace_substring_regex(texts.take(pa.array(cjk_idx)), r"[\s\p{Z}]+", "").to_pylist()
+        docs = texts.take(pa.array(cjk_idx)).to_pylist()
         points = np.frombuffer("".join(docs).encode("utf-32-le"), dtype=np.uint32)
+        doc_of = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
+        keep = ~_IS_SPACE[points]
+        points, doc_of = points[keep], doc_of[keep]
         present = np.zeros(0x110000, dtype=bool)  # a dense table over all code points: no sort
         present[points] = True
         lut = np.zeros(0x110000, dtype=np.uint64)
         for c in np.flatnonzero(present).tolist():
             lut[c] = xxhash.xxh3_64_intdigest(chr(c).encode("utf-8"))
-        counts[cjk_idx] = [len(d) for d in docs]
+        counts[cjk_idx] = np.bincount(doc_of, minlength=len(docs))
         parts.append((cjk_idx, lut[points]))
     # interleave the two groups back into document order
     starts = np.zeros(n + 1, dtype=np.int64)
