@@ -284,6 +284,7 @@ class Pipeline:
                             "near_dedup: signatures")
         stats: dict = {"docs_in": sum(r["docs"] for r in results), "edges": {}}
         edge_sets = []
+        budget = dc.components_memory_mb << 20
         if dc.minhash.enabled:
             bands, rows = dc.minhash.bands, dc.minhash.rows
             if bands is None or rows is None:
@@ -296,14 +297,29 @@ class Pipeline:
                                   meta=minhash.BAND_META, enforce_metadata=False)
             cand = buckets.shuffle(on="band_key", npartitions=nparts).map_partitions(minhash.bucket_edges, meta=minhash.EDGE_META)
             cand = cand.shuffle(on="a", npartitions=nparts).map_partitions(lambda p: p.drop_duplicates(), meta=minhash.EDGE_META)
-            sig_a = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "minhash"],
-                                rename={"uid": "a", "minhash": "sig_a"}, enforce_metadata=False)
-            sig_b = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "minhash"],
-                                rename={"uid": "b", "minhash": "sig_b"}, enforce_metadata=False)
-            pairs = cand.merge(sig_a, on="a").merge(sig_b, on="b")
-            verified = pairs.map_partitions(near_dedup.verify_minhash_edges,
-                                            dc.minhash.threshold if dc.minhash.verify else None,
-                                            meta=near_dedup.VERIFIED_META)
+            cand = cand.persist()
+            n_cand = int(cand.map_partitions(len).compute().sum())
+            threshold = dc.minhash.threshold if dc.minhash.verify else None
+            if n_cand * (8 * dc.minhash.num_perm + 16) <= budget:
+                # few candidates: fetch just their endpoints' signatures and verify here
+                pairs = cand.compute()
+                endpoints = np.unique(np.concatenate([pairs["a"].to_numpy(), pairs["b"].to_numpy()]))
+                sigs = self._rows_for_uids(sig_paths, endpoints, ["uid", "minhash"], "near_dedup: fetch candidate signatures")
+                uids, matrix = near_dedup.signature_lookup(sigs, "minhash")
+                sim = minhash.signature_jaccard(near_dedup.lookup(uids, matrix, pairs["a"].to_numpy()),
+                                                near_dedup.lookup(uids, matrix, pairs["b"].to_numpy()))
+                verified = pd.DataFrame({"a": pairs["a"].to_numpy(), "b": pairs["b"].to_numpy(), "similarity": sim})
+                if threshold is not None:
+                    verified = verified[verified["similarity"] >= threshold]
+                verified = dd.from_pandas(verified.reset_index(drop=True), npartitions=1)
+            else:
+                sig_a = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "minhash"],
+                                    rename={"uid": "a", "minhash": "sig_a"}, enforce_metadata=False)
+                sig_b = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "minhash"],
+                                    rename={"uid": "b", "minhash": "sig_b"}, enforce_metadata=False)
+                verified = cand.merge(sig_a, on="a").merge(sig_b, on="b").map_partitions(
+                    near_dedup.verify_minhash_edges, threshold, meta=near_dedup.VERIFIED_META)
+            stats["minhash_candidates"] = n_cand
             edge_sets.append(verified.assign(method=np.int8(0)))
         if dc.simhash.enabled:
             k = dc.simhash.max_distance
@@ -329,7 +345,6 @@ class Pipeline:
                 if not getattr(dc, name).enabled:
                     continue
                 stats["edges"][name] = stats["edges"].get(name, 0) + int(np.sum(t.column("method").to_numpy() == code))
-        budget = dc.components_memory_mb << 20
         if n_edges * 16 <= budget:
             mode = "in_memory"
             e = pq.read_table(edge_files, columns=["a", "b"]) if edge_files else None
@@ -343,6 +358,12 @@ class Pipeline:
         self.log(f"  near_dedup: {n_edges} edges -> connected components {mode.replace('_', ' ')} "
                  f"(edge list {n_edges * 16 / 2**20:.1f} MiB, budget {dc.components_memory_mb} MiB)")
         stats["components_mode"] = mode
+        if mode == "in_memory":
+            removed_pd = self._removed_in_memory(labels, edge_files, sig_paths)
+            removed_dir = folder / "removed"
+            if len(removed_pd):
+                write_table_atomic(pa.Table.from_pandas(removed_pd, preserve_index=False), removed_dir / "part.0.parquet")
+            return self._finish_near_dedup(folder, parts, stats)
         attrs = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "id", "source", "n_chars", "keep_key"],
                             enforce_metadata=False)
         nodes = labels_dd.merge(attrs, on="uid", how="inner")
@@ -362,8 +383,37 @@ class Pipeline:
                              rename={"uid": "duplicate_of", "simhash": "sig_b"}, enforce_metadata=False)
         removed = removed.merge(su, on="uid").merge(sk, on="duplicate_of").map_partitions(
             near_dedup.finish_removed, dc.minhash.threshold, 1.0 - dc.simhash.max_distance / 64.0, meta=near_dedup.REMOVED_META)
+        removed.to_parquet(str(folder / "removed"), write_index=False, compute=False).compute()
+        return self._finish_near_dedup(folder, parts, stats)
+
+    def _rows_for_uids(self, sig_paths: list[str], uids: np.ndarray, fields: list[str], label: str) -> list:
+        uids_future = self.client.scatter(np.sort(uids), broadcast=True)
+        return run_tasks(self.client, [delayed(near_dedup.rows_for_uids)(p, uids_future, fields) for p in sig_paths], label)
+
+    def _removed_in_memory(self, labels: pd.DataFrame, edge_files: list[str], sig_paths: list[str]) -> pd.DataFrame:
+        """Keepers, reasons and similarities when the clustered documents fit in memory."""
+        dc = self.cfg.dedup
+        if labels.empty:
+            return near_dedup.REMOVED_META.copy()
+        nodes = labels["uid"].to_numpy()
+        sig_col = "minhash" if dc.minhash.enabled else "simhash"
+        rows = pd.concat(self._rows_for_uids(sig_paths, nodes, ["uid", "id", "source", "n_chars", "keep_key", sig_col],
+                                             "near_dedup: fetch clustered documents"), ignore_index=True)
+        clusters = labels.merge(rows.drop(columns=[sig_col]), on="uid")
+        removed = near_dedup.choose_keepers(clusters, dc.keep, dc.keep_order)
+        methods = pd.concat([near_dedup.node_methods(f) for f in edge_files], ignore_index=True)
+        removed = removed.merge(methods.groupby("uid", as_index=False)["method"].min(), on="uid", how="left")
+        uids, values = near_dedup.signature_lookup([rows[["uid", sig_col]]], sig_col)
+        removed["sig_a"] = list(near_dedup.lookup(uids, values, removed["uid"].to_numpy())) if sig_col == "minhash" \
+            else near_dedup.lookup(uids, values, removed["uid"].to_numpy()).view(np.int64)
+        removed["sig_b"] = list(near_dedup.lookup(uids, values, removed["duplicate_of"].to_numpy())) if sig_col == "minhash" \
+            else near_dedup.lookup(uids, values, removed["duplicate_of"].to_numpy()).view(np.int64)
+        return near_dedup.finish_removed(removed, dc.minhash.threshold, 1.0 - dc.simhash.max_distance / 64.0)
+
+    def _finish_near_dedup(self, folder: Path, parts: list[str], stats: dict) -> dict:
+        """Remove what the near-duplicate search found, and summarise the clusters."""
+        client = self.client
         removed_dir = folder / "removed"
-        removed.to_parquet(str(removed_dir), write_index=False, compute=False).compute()
         removed_files = sorted(str(p) for p in removed_dir.glob("*.parquet"))
         table = pq.read_table(removed_files, columns=["uid", "reason", "cluster_id", "cluster_size"]) if removed_files else None
         drop = np.sort(table.column("uid").to_numpy()) if table is not None else np.empty(0, np.int64)

@@ -37,7 +37,8 @@ def signature_part(in_path: str, out_path: str, spec: SignatureSpec) -> dict:
     table = pq.read_table(in_path, columns=["uid", "id", "source", "text", "meta"])
     texts = table.column("text").combine_chunks()
     if spec.normalize is not None:
-        texts = normalize_array(texts, **spec.normalize)
+        # shingling splits on any whitespace, so folding it here would change nothing
+        texts = normalize_array(texts, **{**spec.normalize, "fold_whitespace": False})
     cols = {
         "uid": table.column("uid"),
         "id": table.column("id"),
@@ -201,3 +202,24 @@ def finish_removed(part: pd.DataFrame, minhash_threshold: float = np.nan, simhas
         "cluster_size": part["cluster_size"].to_numpy(), "cluster_id": part["cluster_id"].to_numpy(),
     })
     return out.drop_duplicates("uid").astype(REMOVED_META.dtypes.to_dict())
+
+
+def rows_for_uids(path: str, uids_sorted: np.ndarray, fields: list[str]) -> pd.DataFrame:
+    """The rows of one signature part whose uid is in `uids_sorted` (only what a small step needs)."""
+    table = pq.read_table(path, columns=fields)
+    uid = table.column("uid").to_numpy()
+    if len(uids_sorted) == 0 or len(uid) == 0:
+        return table.slice(0, 0).to_pandas()
+    pos = np.searchsorted(uids_sorted, uid).clip(max=len(uids_sorted) - 1)
+    return table.filter(pa.array(uids_sorted[pos] == uid)).to_pandas()
+
+
+def signature_lookup(frames: list[pd.DataFrame], column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted uids, values aligned to them) from `rows_for_uids` results."""
+    df = pd.concat(frames, ignore_index=True).sort_values("uid")
+    values = _sig_matrix(df[column]) if column == "minhash" else df[column].to_numpy().view(np.uint64)
+    return df["uid"].to_numpy(), values
+
+
+def lookup(uids_sorted: np.ndarray, values: np.ndarray, want: np.ndarray) -> np.ndarray:
+    return values[np.searchsorted(uids_sorted, want)]

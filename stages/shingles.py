@@ -67,11 +67,29 @@ def shingle_hash32(shingle: bytes) -> int:
 
 
 def _prepare(texts: pa.Array, spec: ShingleSpec) -> pa.Array:
-    if spec.lowercase:
-        texts = pc.utf8_lower(texts)
-    if spec.strip_punctuation:
-        texts = pc.replace_substring_regex(texts, PUNCT, " ")
-    return texts
+    """Lowercasing (every document); punctuation is handled per script in `_component_hashes`."""
+    return pc.utf8_lower(texts) if spec.lowercase else texts
+
+
+def _strip_punct(texts: pa.Array, spec: ShingleSpec) -> pa.Array:
+    return pc.replace_substring_regex(texts, PUNCT, " ") if spec.strip_punctuation else texts
+
+
+_PUNCT_TABLE = None
+
+
+def _is_punct_table() -> np.ndarray:
+    """is_punct[c]: code point c is punctuation or a symbol (Unicode categories P* and S*)."""
+    global _PUNCT_TABLE
+    if _PUNCT_TABLE is None:
+        import unicodedata
+
+        table = np.zeros(0x110000, dtype=bool)
+        for c in range(0x110000):
+            if unicodedata.category(chr(c))[0] in "PS":
+                table[c] = True
+        _PUNCT_TABLE = table
+    return _PUNCT_TABLE
 
 
 def cjk_mask(texts: pa.Array, spec: ShingleSpec) -> np.ndarray:
@@ -97,13 +115,16 @@ def _words(texts: pa.Array) -> tuple[pa.Array, np.ndarray]:
     return flat.filter(pa.array(keep)), counts.astype(np.int64)
 
 
-def _components(texts: list[str], cjk: np.ndarray) -> list[list[str]]:
+def _components(texts: list[str], cjk: np.ndarray, spec: ShingleSpec) -> list[list[str]]:
+    """Reference: words (after punctuation became spaces) or CJK characters (spaces and, if asked,
+    punctuation dropped)."""
     out = []
     for t, c in zip(texts, cjk):
         if c:
-            out.append([ch for ch in t if ord(ch) not in _SPACE_SET])
+            punct = _is_punct_table() if spec.strip_punctuation else None
+            out.append([ch for ch in t if ord(ch) not in _SPACE_SET and (punct is None or not punct[ord(ch)])])
         else:
-            flat, _ = _words(pa.array([t], pa.string()))
+            flat, _ = _words(_strip_punct(pa.array([t], pa.string()), spec))
             out.append(flat.to_pylist())
     return out
 
@@ -117,7 +138,7 @@ def shingle_strings(text: str, spec: ShingleSpec = ShingleSpec()) -> list[str]:
     """Reference: the shingle strings of one document (a document shorter than n is one shingle)."""
     prepared = _prepare(pa.array([text], pa.string()), spec)
     is_cjk = bool(cjk_mask(prepared, spec)[0])
-    comps = _components(prepared.to_pylist(), np.array([is_cjk]))[0]
+    comps = _components(prepared.to_pylist(), np.array([is_cjk]), spec)[0]
     n = spec.char_ngram if is_cjk else spec.word_ngram
     if not comps:
         return []
@@ -126,14 +147,14 @@ def shingle_strings(text: str, spec: ShingleSpec = ShingleSpec()) -> list[str]:
     return [" ".join(comps[i : i + n]) for i in range(len(comps) - n + 1)]
 
 
-def _component_hashes(texts: pa.Array, cjk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _component_hashes(texts: pa.Array, cjk: np.ndarray, spec: ShingleSpec) -> tuple[np.ndarray, np.ndarray]:
     """Flat uint64 component hashes of all documents and the per-document component counts."""
     n = len(texts)
     counts = np.zeros(n, dtype=np.int64)
     parts: list[tuple[np.ndarray, np.ndarray]] = []  # (doc indices, flat hashes in doc order)
     word_idx = np.flatnonzero(~cjk)
     if len(word_idx):
-        flat, lengths = _words(texts.take(pa.array(word_idx)))
+        flat, lengths = _words(_strip_punct(texts.take(pa.array(word_idx)), spec))
         encoded = pc.dictionary_encode(flat)
         uniques = encoded.dictionary.to_pylist()
         table = np.fromiter((xxhash.xxh3_64_intdigest(w.encode("utf-8")) for w in uniques), dtype=np.uint64, count=len(uniques))
@@ -146,6 +167,8 @@ def _component_hashes(texts: pa.Array, cjk: np.ndarray) -> tuple[np.ndarray, np.
         points = np.frombuffer("".join(docs).encode("utf-32-le"), dtype=np.uint32)
         doc_of = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
         keep = ~_IS_SPACE[points]
+        if spec.strip_punctuation:
+            keep &= ~_is_punct_table()[points]
         points, doc_of = points[keep], doc_of[keep]
         present = np.zeros(0x110000, dtype=bool)  # a dense table over all code points: no sort
         present[points] = True
@@ -176,7 +199,7 @@ def shingle_hashes(texts: pa.Array, spec: ShingleSpec = ShingleSpec()) -> tuple[
         texts = texts.combine_chunks()
     texts = _prepare(texts.cast(pa.string()), spec)
     cjk = cjk_mask(texts, spec)
-    comp, counts = _component_hashes(texts, cjk)
+    comp, counts = _component_hashes(texts, cjk, spec)
     n_of = np.where(cjk, spec.char_ngram, spec.word_ngram).astype(np.int64)
     starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])

@@ -79,42 +79,50 @@ def popcount64(x: np.ndarray) -> np.ndarray:
 
 
 def near_edges(rows: pd.DataFrame, max_distance: int, max_bucket: int = 1000, window: int = 64) -> pd.DataFrame:
-    """Within a frame holding whole buckets: edges between fingerprints at Hamming distance <= k.
-
-    Each document links to the smallest uid among its near fingerprints (an edge per pair found,
-    reduced to edges towards smaller uids)."""
+    """Within a frame holding whole buckets: edges (larger uid -> smaller uid) between fingerprints at
+    Hamming distance <= k. Ordinary buckets are compared all-pairs by a vectorised self-merge;
+    a bucket with more than `max_bucket` members collapses identical fingerprints and then compares
+    each distinct one with its `window` sorted neighbours only."""
     if rows.empty:
         return EDGE_META.copy()
-    found_a, found_b, found_d = [], [], []
-    with np.errstate(over="ignore"):
-        for _, bucket in rows.groupby("block_key", sort=False):
-            if len(bucket) < 2:
-                continue
-            fp = bucket["fingerprint"].to_numpy().view(np.uint64)
-            uid = bucket["uid"].to_numpy()
-            # identical fingerprints first: every copy links to the smallest uid holding that value
-            order = np.lexsort((uid, fp))
-            fp, uid = fp[order], uid[order]
-            first = np.r_[True, fp[1:] != fp[:-1]]
-            rep = np.maximum.accumulate(np.where(first, np.arange(len(fp)), 0))
-            dup = ~first
-            found_a.append(uid[dup]); found_b.append(uid[rep[dup]]); found_d.append(np.zeros(dup.sum(), np.int64))
-            ufp, urep = fp[first], uid[first]
-            m = len(ufp)
-            if m < 2:
-                continue
-            if m <= max_bucket:
-                i, j = np.triu_indices(m, k=1)
-            else:  # oversized bucket: neighbours in sorted order only
-                i = np.repeat(np.arange(m), window)
-                j = i + np.tile(np.arange(1, window + 1), m)
-                ok = j < m
-                i, j = i[ok], j[ok]
-            d = popcount64(ufp[i] ^ ufp[j])
-            near = d <= max_distance
-            a, b = urep[i[near]], urep[j[near]]
-            found_a.append(np.maximum(a, b)); found_b.append(np.minimum(a, b)); found_d.append(d[near])
-    if not found_a:
+    size = rows.groupby("block_key", sort=False)["uid"].transform("size").to_numpy()
+    small = rows[(size >= 2) & (size <= max_bucket)]
+    frames = []
+    if len(small):
+        pairs = small.merge(small, on="block_key", suffixes=("_a", "_b"))
+        pairs = pairs[pairs["uid_a"] > pairs["uid_b"]]
+        with np.errstate(over="ignore"):
+            d = popcount64(pairs["fingerprint_a"].to_numpy().view(np.uint64) ^ pairs["fingerprint_b"].to_numpy().view(np.uint64))
+        near = d <= max_distance
+        frames.append(pd.DataFrame({"a": pairs["uid_a"].to_numpy()[near], "b": pairs["uid_b"].to_numpy()[near],
+                                    "distance": d[near]}))
+    for _, bucket in rows[size > max_bucket].groupby("block_key", sort=False):
+        frames.append(_oversized_bucket(bucket, max_distance, window))
+    if not frames:
         return EDGE_META.copy()
-    edges = pd.DataFrame({"a": np.concatenate(found_a), "b": np.concatenate(found_b), "distance": np.concatenate(found_d)})
-    return edges.drop_duplicates(subset=["a", "b"], ignore_index=True)
+    edges = pd.concat(frames, ignore_index=True)
+    return edges.drop_duplicates(subset=["a", "b"], ignore_index=True).astype(EDGE_META.dtypes.to_dict())
+
+
+def _oversized_bucket(bucket: pd.DataFrame, max_distance: int, window: int) -> pd.DataFrame:
+    fp = bucket["fingerprint"].to_numpy().view(np.uint64)
+    uid = bucket["uid"].to_numpy()
+    # identical fingerprints first: every copy links to the smallest uid holding that value
+    order = np.lexsort((uid, fp))
+    fp, uid = fp[order], uid[order]
+    first = np.r_[True, fp[1:] != fp[:-1]]
+    rep = np.maximum.accumulate(np.where(first, np.arange(len(fp)), 0))
+    dup = ~first
+    out = [pd.DataFrame({"a": uid[dup], "b": uid[rep[dup]], "distance": 0})]
+    ufp, urep = fp[first], uid[first]
+    m = len(ufp)
+    i = np.repeat(np.arange(m), window)
+    j = i + np.tile(np.arange(1, window + 1), m)
+    ok = j < m
+    i, j = i[ok], j[ok]
+    with np.errstate(over="ignore"):
+        d = popcount64(ufp[i] ^ ufp[j])
+    near = d <= max_distance
+    a, b = urep[i[near]], urep[j[near]]
+    out.append(pd.DataFrame({"a": np.maximum(a, b), "b": np.minimum(a, b), "distance": d[near]}))
+    return pd.concat(out, ignore_index=True)
