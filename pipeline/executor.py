@@ -70,28 +70,31 @@ def export_kept_part(path: str, out_dir: str, fmt: str, text_field: str, id_fiel
     import os
 
     table = pq.read_table(path)
-    records = []
-    for row in table.to_pylist():
-        rec = json.loads(row["meta"]) if row["meta"] else {}
-        if id_field:
-            rec[id_field] = row["id"]
-        rec[text_field] = row["text"]
-        if source_field:
-            rec[source_field] = row["source"]
-        records.append(rec)
+    cols = {}
+    if id_field:
+        cols[id_field] = table.column("id")
+    cols[text_field] = table.column("text")
+    if source_field:
+        cols[source_field] = table.column("source")
+    out = pa.table(cols)
+    metas = table.column("meta")
+    if metas.null_count < len(metas):  # other input fields: parse once per document
+        extra = pa.Table.from_pylist([json.loads(m) if m else {} for m in metas.to_pylist()])
+        for name in extra.column_names:
+            if name not in out.column_names:
+                out = out.append_column(name, extra.column(name))
     os.makedirs(out_dir, exist_ok=True)
     stem = Path(path).stem
     if fmt == "jsonl":
         target = Path(out_dir) / f"{stem}.jsonl"
         tmp = target.with_name(f".{target.name}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
-            for rec in records:
+            for rec in out.to_pylist():
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
         os.replace(tmp, target)
     else:
-        write_table_atomic(pa.Table.from_pylist(records) if records else pa.table({text_field: pa.array([], pa.string())}),
-                           Path(out_dir) / f"{stem}.parquet")
-    return len(records)
+        write_table_atomic(out, Path(out_dir) / f"{stem}.parquet")
+    return out.num_rows
 
 
 REMOVED_EXPORT_COLUMNS = ["uid", "id", "source", "reason", "duplicate_of", "duplicate_of_uid", "cluster_id",

