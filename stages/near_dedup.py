@@ -47,22 +47,47 @@ def signature_part(in_path: str, out_path: str, spec: SignatureSpec) -> dict:
         "keep_key": pa.array(_keep_keys(table.column("meta").to_pylist(), spec.keep_field), pa.string()),
     }
     stats = {"docs": table.num_rows}
+    sigs, n_sh, fps, n_feat = [], [], [], []
+    for piece in _slices(texts, SLICE_BYTES):  # transient arrays stay bounded whatever the part size
+        if spec.minhash is not None:
+            hashes, offsets = shingle_hashes(piece, spec.minhash)
+            sigs.append(minhash.signatures(hashes, offsets, spec.num_perm, spec.seed))
+            n_sh.append(np.diff(offsets))
+        if spec.simhash is not None:
+            if spec.simhash != spec.minhash:
+                hashes, offsets = shingle_hashes(piece, spec.simhash)
+            fps.append(simhash.fingerprints(hashes, offsets))
+            n_feat.append(np.diff(offsets))
     if spec.minhash is not None:
-        hashes, offsets = shingle_hashes(texts, spec.minhash)
-        sig = minhash.signatures(hashes, offsets, spec.num_perm, spec.seed)
+        sig = np.concatenate(sigs) if sigs else np.empty((0, spec.num_perm), np.uint32)
         width = spec.num_perm * 4
         cols["minhash"] = pa.Array.from_buffers(
             pa.binary(), len(sig), [None, pa.py_buffer((np.arange(len(sig) + 1, dtype=np.int64) * width).astype(np.int32)),
                                     pa.py_buffer(np.ascontiguousarray(sig).view(np.uint8))])
-        cols["minhash_shingles"] = pa.array(np.diff(offsets))
-        stats["minhash_shingles"] = int(len(hashes))
+        cols["minhash_shingles"] = pa.array(np.concatenate(n_sh) if n_sh else np.empty(0, np.int64))
+        stats["minhash_shingles"] = int(cols["minhash_shingles"].to_numpy().sum()) if len(sig) else 0
     if spec.simhash is not None:
-        if spec.simhash != spec.minhash or spec.minhash is None:
-            hashes, offsets = shingle_hashes(texts, spec.simhash)
-        cols["simhash"] = pa.array(simhash.fingerprints(hashes, offsets).view(np.int64))
-        cols["simhash_features"] = pa.array(np.diff(offsets))
+        cols["simhash"] = pa.array((np.concatenate(fps) if fps else np.empty(0, np.uint64)).view(np.int64))
+        cols["simhash_features"] = pa.array(np.concatenate(n_feat) if n_feat else np.empty(0, np.int64))
     write_table_atomic(pa.table(cols), _as_path(out_path))
     return stats
+
+
+SLICE_BYTES = 8 << 20
+
+
+def _slices(texts: pa.Array, max_bytes: int):
+    """Consecutive slices of a string array holding about `max_bytes` of text each."""
+    if len(texts) == 0:
+        return
+    sizes = pa.compute.binary_length(texts).to_numpy(zero_copy_only=False)
+    ends = np.cumsum(sizes)
+    start = 0
+    while start < len(texts):
+        base = ends[start - 1] if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, base + max_bytes, side="right")))
+        yield texts.slice(start, stop - start)
+        start = stop
 
 
 def _as_path(p: str):
