@@ -79,6 +79,17 @@ def removed_frame(rows: pd.DataFrame, reason: Any, score: Any = None, threshold:
     return out
 
 
+def file_sha256(path: str) -> str:
+    """sha256 of a file, read in 1 MiB blocks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def write_table_atomic(table: pa.Table, path: Path) -> None:
     """Write Parquet to a temporary name then rename, so a killed run never leaves half a part."""
     path.parent.mkdir(parents=True, exist_ok=True)

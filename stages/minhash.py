@@ -17,7 +17,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from .shingles import FOLD_PRIME, fmix64
+from .shingles import FOLD_PRIME, doc_chunks, fmix64
 
 CHUNK_SHINGLES = 1 << 14  # num_perm x CHUNK uint32 = 8 MiB at 128 perms: cache-sized, measured 4x faster than 128 MiB
 
@@ -48,25 +48,17 @@ def signatures(hashes64: np.ndarray, offsets: np.ndarray, num_perm: int, seed: i
     sig = np.full((n_docs, num_perm), np.uint32(0xFFFFFFFF), dtype=np.uint32)
     with np.errstate(over="ignore"):
         hv = fmix32((hashes64 & np.uint64(0xFFFFFFFF)).astype(np.uint32))
-        nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
-        i = 0
-        while i < len(nonempty):
-            # a run of documents whose shingles fit one chunk (at least one document)
-            start = offsets[nonempty[i]]
-            j = i + 1
-            while j < len(nonempty) and offsets[nonempty[j] + 1] - start <= CHUNK_SHINGLES:
-                j += 1
-            docs = nonempty[i:j]
-            end = offsets[docs[-1] + 1]
+        for docs, start, end in doc_chunks(offsets, CHUNK_SHINGLES):
             phv = np.multiply(a[:, None], hv[None, start:end])
             np.add(phv, b[:, None], out=phv)
             sig[docs] = np.minimum.reduceat(phv, offsets[docs] - start, axis=1).T
-            i = j
     return sig
 
 
 def signature_jaccard(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Estimated Jaccard of row-aligned signature matrices: the share of equal values."""
+    if x.size == 0:
+        return np.zeros(len(x))
     return (x == y).mean(axis=1)
 
 

@@ -9,7 +9,6 @@ MindRecord has no checksums, so rows are counted and hashed on the way in and on
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
+
+from .base import file_sha256
 
 SCHEMA_NAME = "corpusmill_pretrain"
 
@@ -109,14 +110,6 @@ def _row_digest(row: np.ndarray) -> int:
     return xxhash.xxh3_64_intdigest(np.ascontiguousarray(row, dtype=np.int32).tobytes())
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_mindrecord(part: pd.DataFrame, path: str, window: int, write_batch: int) -> dict[str, Any]:
     """Write one file's samples (sorted by position) and verify them by reading back."""
     from mindspore.mindrecord import FileWriter  # heavy import, only where files are written
@@ -150,8 +143,8 @@ def write_mindrecord(part: pd.DataFrame, path: str, window: int, write_batch: in
         "samples": len(rows),
         "tokens": int(len(rows) * window - part["n_pad"].sum()),
         "pad_tokens": int(part["n_pad"].sum()),
-        "sha256": _sha256(path),
-        "db_sha256": _sha256(path + ".db"),
+        "sha256": file_sha256(path),
+        "db_sha256": file_sha256(path + ".db"),
         "bytes": os.path.getsize(path) + os.path.getsize(path + ".db"),
     }
 

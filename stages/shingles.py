@@ -230,6 +230,21 @@ def shingle_hashes(texts: pa.Array, spec: ShingleSpec = ShingleSpec()) -> tuple[
     return out, offsets
 
 
+def doc_chunks(offsets: np.ndarray, max_shingles: int):
+    """Runs of consecutive non-empty documents whose shingles fit `max_shingles` (at least one
+    document each): yields (document indices, first shingle, end shingle)."""
+    nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
+    i = 0
+    while i < len(nonempty):
+        start = offsets[nonempty[i]]
+        j = i + 1
+        while j < len(nonempty) and offsets[nonempty[j] + 1] - start <= max_shingles:
+            j += 1
+        docs = nonempty[i:j]
+        yield docs, start, offsets[docs[-1] + 1]
+        i = j
+
+
 def _ranges(counts: np.ndarray) -> np.ndarray:
     """Concatenated aranges: [0..c0), [0..c1), ..."""
     total = int(counts.sum())

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .shingles import doc_chunks
+
 BLOCK_META = pd.DataFrame({"block_key": pd.Series(dtype="int64"), "uid": pd.Series(dtype="int64"),
                            "fingerprint": pd.Series(dtype="int64")})
 EDGE_META = pd.DataFrame({"a": pd.Series(dtype="int64"), "b": pd.Series(dtype="int64"),
@@ -26,21 +28,12 @@ def fingerprints(hashes64: np.ndarray, offsets: np.ndarray, chunk: int = 1 << 18
     n_docs = len(offsets) - 1
     out = np.zeros(n_docs, dtype=np.uint64)
     counts = np.diff(offsets)
-    nonempty = np.flatnonzero(counts > 0)
     weights = (1 << np.arange(63, -1, -1, dtype=np.uint64)).astype(np.uint64)
-    i = 0
-    while i < len(nonempty):
-        start = offsets[nonempty[i]]
-        j = i + 1
-        while j < len(nonempty) and offsets[nonempty[j] + 1] - start <= chunk:
-            j += 1
-        docs = nonempty[i:j]
-        end = offsets[docs[-1] + 1]
+    for docs, start, end in doc_chunks(offsets, chunk):
         bits = np.unpackbits(hashes64[start:end].astype(">u8").view(np.uint8).reshape(-1, 8), axis=1)  # MSB first
         sums = np.add.reduceat(bits.astype(np.int32), offsets[docs] - start, axis=0)
         on = (2 * sums > counts[docs][:, None]).astype(np.uint64)
         out[docs] = (on * weights).sum(axis=1, dtype=np.uint64)
-        i = j
     return out
 
 

@@ -5,7 +5,6 @@ worker processes; sentencepiece's own threads barely help. Tokens leave as Arrow
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import sentencepiece as spm
 
-from .base import BatchResult
+from .base import BatchResult, file_sha256
 
 TOKEN_SCHEMA = pa.schema([("uid", pa.int64()), ("n_tokens", pa.int32()), ("input_ids", pa.list_(pa.int32()))])
 
@@ -42,14 +41,6 @@ def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
             raise TokenizerError(f"{path} is not a SentencePiece model: {e}") from None
         _CACHE[key] = sp
     return sp
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass
