@@ -156,22 +156,24 @@ def _cmd_demo(args) -> int:
         cfg.train.steps = args.steps
     result = Pipeline(cfg, out, resume=args.resume, log=_log).run()
     _print_run_summary(result, out)
-    found = _planted_pairs_found(out, planted["exact_duplicates"])
+    found = _planted_pairs_found(out / "03-exact_dedup", planted["exact_duplicates"], "duplicate_of")
+    near = _planted_pairs_found(out / "04-near_dedup", planted["near_duplicates"], "near")
     _log(f"demo check: planted exact-duplicate pairs resolved by exact dedup {found} / {c['exact_duplicates']}; "
-         f"quarantined {result.ledger['quarantined']} / planted malformed {c['malformed']}")
+         f"planted near-duplicate pairs resolved by near dedup {near} / {c['near_duplicates']} (a copy whose edit "
+         f"leaves it under the threshold stays); quarantined {result.ledger['quarantined']} / planted malformed {c['malformed']}")
     return 0
 
 
-def _planted_pairs_found(out: Path, pairs: list[dict]) -> int:
-    """How many planted (copy, original) pairs ended with exactly one side removed as its duplicate."""
+def _planted_pairs_found(stage_dir: Path, pairs: list[dict], other: str) -> int:
+    """How many planted (copy, original) pairs ended with one side removed as a duplicate of the other."""
     import pyarrow.parquet as pq
 
-    removed_dir = out / "03-exact_dedup" / "removed"
+    removed_dir = stage_dir / "removed"
     if not any(removed_dir.glob("*.parquet")):
         return 0
     removed = pq.read_table(str(removed_dir), columns=["id", "duplicate_of_id"]).to_pylist()
     links = {(r["id"], r["duplicate_of_id"]) for r in removed}
-    return sum((p["id"], p["duplicate_of"]) in links or (p["duplicate_of"], p["id"]) in links for p in pairs)
+    return sum((p["id"], p[other]) in links or (p[other], p["id"]) in links for p in pairs)
 
 
 def _cmd_dedup(args) -> int:

@@ -581,6 +581,8 @@ class Pipeline:
             "shuffle_seed": sc.seed,
             "files": files,
         }
+        (staging / "mindformers_train_dataset.yaml").write_text(
+            shard.mindformers_snippet(str(folder.resolve()), window), encoding="utf-8")
         _write_json_atomic(staging / "manifest.json", manifest)
         if folder.exists():
             shutil.rmtree(folder)

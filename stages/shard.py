@@ -102,8 +102,9 @@ def windows_of(part: pd.DataFrame, window: int) -> np.ndarray:
 
 
 def file_name(rank: int, file_index: int) -> str:
-    """A distinct prefix per rank; the name ends in `.mindrecord` + digits as mindformers expects."""
-    return f"corpus-r{rank:04d}.mindrecord{file_index:02d}"
+    """A folder and a distinct file prefix per rank. Names end in `.mindrecord`: stock mindformers
+    collects exactly those when `dataset_dir` names a folder (the whole set, or one rank's folder)."""
+    return f"rank-{rank:04d}/corpus-r{rank:04d}-f{file_index:02d}.mindrecord"
 
 
 def _row_digest(row: np.ndarray) -> int:
@@ -120,6 +121,7 @@ def write_mindrecord(part: pd.DataFrame, path: str, window: int, write_batch: in
         raise ShardError(f"{path}: samples hold {matrix.shape[1]} ids, expected {window}")
     rows = list(matrix)
     digest_in = sum(_row_digest(r) for r in rows) % (1 << 64)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     writer = FileWriter(path, shard_num=1, overwrite=True)
     # The default 32 MiB page and 16 MiB header would make small shards mostly padding. A page must
     # hold whole rows; the header holds one entry per page, so it only shrinks when pages are few.
@@ -162,3 +164,27 @@ def read_back(path: str, window: int) -> tuple[int, int]:
         count += len(batch)
         digest = (digest + sum(_row_digest(r) for r in batch)) % (1 << 64)
     return count, digest
+
+
+def mindformers_snippet(shards_dir: str, sample_length: int) -> str:
+    """A `train_dataset` section stock mindformers reads as it is (its MindDataset loader collects
+    every `*.mindrecord` under `dataset_dir` and splits them with num_shards = data parallel)."""
+    return f"""# Paste into a mindformers pretraining YAML. Samples are `input_ids` of {sample_length} int32
+# (seq_length + 1). For one rank's files only, point dataset_dir at {shards_dir}/rank-NNNN.
+train_dataset: &train_dataset
+  data_loader:
+    type: MindDataset
+    dataset_dir: "{shards_dir}"
+    shuffle: True
+  input_columns: ["input_ids"]
+  num_parallel_workers: 8
+  python_multiprocessing: False
+  drop_remainder: True
+  batch_size: 1
+  repeat: 1
+  numa_enable: False
+  prefetch_size: 1
+train_dataset_task:
+  type: CausalLanguageModelDataset
+  dataset_config: *train_dataset
+"""
