@@ -42,10 +42,6 @@ def run_batch_part(fn: Callable[..., Any], in_path: str, out_dir: str, reader: s
     return {"stats": stats, "extra": extra, "part": name}
 
 
-def read_part(path: str, columns: list[str]) -> pd.DataFrame:
-    return pq.read_table(path, columns=columns).to_pandas(types_mapper=pd.ArrowDtype)
-
-
 def sample_part(path: str, seed: int, rate: float, max_chars: int) -> list[str]:
     """A deterministic sample of texts: a document is chosen when a seeded hash of its uid is small."""
     import xxhash

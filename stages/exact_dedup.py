@@ -43,7 +43,6 @@ def hash_batch(df: pd.DataFrame) -> pd.DataFrame:
 def hash_file(path: str, normalize: Optional[dict] = None) -> pd.DataFrame:
     """`hash_batch` of one Parquet part of documents, normalising the text first when asked
     (when the stored text is the original, as in a dedup-only job)."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.read_table(path, columns=["uid", "id", "source", "text"])

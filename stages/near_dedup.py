@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -69,7 +70,7 @@ def signature_part(in_path: str, out_path: str, spec: SignatureSpec) -> dict:
     if spec.simhash is not None:
         cols["simhash"] = pa.array((np.concatenate(fps) if fps else np.empty(0, np.uint64)).view(np.int64))
         cols["simhash_features"] = pa.array(np.concatenate(n_feat) if n_feat else np.empty(0, np.int64))
-    write_table_atomic(pa.table(cols), _as_path(out_path))
+    write_table_atomic(pa.table(cols), Path(out_path))
     return stats
 
 
@@ -88,12 +89,6 @@ def _slices(texts: pa.Array, max_bytes: int):
         stop = max(start + 1, int(np.searchsorted(ends, base + max_bytes, side="right")))
         yield texts.slice(start, stop - start)
         start = stop
-
-
-def _as_path(p: str):
-    from pathlib import Path
-
-    return Path(p)
 
 
 def _keep_keys(metas: list, field: Optional[str]) -> list:

@@ -11,9 +11,6 @@ import pyarrow as pa
 
 from .base import BatchResult
 
-WINDOW_SCHEMA_FIELDS = ("input_ids", "n_pad")
-
-
 def window_schema(window: int) -> pa.Schema:
     return pa.schema([("input_ids", pa.list_(pa.int32(), window)), ("n_pad", pa.int32())])
 

@@ -1,7 +1,4 @@
-import json
-
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
