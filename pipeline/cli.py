@@ -73,6 +73,20 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size", type=int, help="samples per step (default 8)")
     train.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
     train.add_argument("--num-parallel-workers", type=int, help="MindDataset reader threads (at most the CPU count)")
+    shards = sub.add_parser("shards", help="verify or inspect a shard directory",
+                            description="Check or look into a shards/ directory a run wrote.")
+    shards_sub = shards.add_subparsers(dest="shards_command", required=True, metavar="ACTION")
+    verify = shards_sub.add_parser("verify", help="check every file and sample against manifest.json",
+                                   description="Files present, sha256 of every .mindrecord and .db, every sample read "
+                                   "back (count, length, dtype, contents), ids below the vocabulary, equal samples per "
+                                   "rank. Exit code 1 and one line per problem on any mismatch.")
+    verify.add_argument("dir", help="the shards/ directory (holding manifest.json)")
+    inspect_ = shards_sub.add_parser("inspect", help="print totals and decoded samples",
+                                     description="Print the manifest's totals and decode the first samples with the "
+                                     "tokenizer stored beside the shards.")
+    inspect_.add_argument("dir", help="the shards/ directory (holding manifest.json)")
+    inspect_.add_argument("--decode", type=int, default=2, metavar="N", help="samples to decode (default 2)")
+
     config = sub.add_parser("config", help="print a resolved config, or the documented example",
                             description="Inspect configs without running anything.")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -82,6 +96,42 @@ def _build_parser() -> argparse.ArgumentParser:
     config_sub.add_parser("example", help="print configs/example.yaml (every option, its default and meaning)",
                           description="Print every option at its default with its description.")
     return p
+
+
+def _cmd_shards(args) -> int:
+    from stages.shard import verify_shard_dir
+
+    if args.shards_command == "verify":
+        problems, totals = verify_shard_dir(args.dir)
+        for p in problems:
+            print(f"corpusmill: shards: {p}", file=sys.stderr)
+        if problems:
+            print(f"corpusmill: shards verify: {len(problems)} problem(s) in {args.dir}", file=sys.stderr)
+            return 1
+        _log(f"shards ok: {totals['files']} files, {totals['samples']:,} samples, {totals['ranks']} ranks x "
+             f"{next(iter(totals['samples_per_rank'].values())):,} samples, largest id {totals['max_token_id']} "
+             f"< vocabulary {totals['vocab_size']}")
+        return 0
+    import json
+
+    import mindspore.dataset as ds
+
+    from trainer.data import load_manifest
+    from stages.tokenize import load_tokenizer
+
+    manifest = load_manifest(args.dir)
+    _log(json.dumps({k: v for k, v in manifest.items() if k != "files"}, indent=1, ensure_ascii=False))
+    for e in manifest["files"]:
+        _log(f"  {e['path']}: rank {e['rank']}, {e['samples']:,} samples, {e['tokens']:,} tokens")
+    sp = load_tokenizer(str(Path(args.dir) / manifest["tokenizer"]["path"]))
+    first = str(Path(args.dir) / manifest["files"][0]["path"])
+    data = ds.MindDataset([first], columns_list=["input_ids"], shuffle=False)
+    for i, (ids,) in enumerate(data.create_tuple_iterator(output_numpy=True, num_epochs=1)):
+        if i >= args.decode:
+            break
+        _log(f"--- sample {i} of {manifest['files'][0]['path']} ({len(ids)} ids) ---")
+        _log(sp.decode([int(x) for x in ids]))
+    return 0
 
 
 def _cmd_config(args) -> int:
@@ -249,7 +299,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     from stages.read import InputError
     from trainer.data import ShardMismatch
 
-    handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train, "config": _cmd_config, "dedup": _cmd_dedup}
+    handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train, "config": _cmd_config, "dedup": _cmd_dedup,
+                "shards": _cmd_shards}
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, PipelineError, LedgerError, ShardMismatch, ConnectionError) as e:

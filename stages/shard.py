@@ -143,6 +143,7 @@ def write_mindrecord(part: pd.DataFrame, path: str, window: int, write_batch: in
         )
     return {
         "samples": len(rows),
+        "rows_xxh3_sum": digest_in,
         "tokens": int(len(rows) * window - part["n_pad"].sum()),
         "pad_tokens": int(part["n_pad"].sum()),
         "sha256": file_sha256(path),
@@ -153,16 +154,7 @@ def write_mindrecord(part: pd.DataFrame, path: str, window: int, write_batch: in
 
 def read_back(path: str, window: int) -> tuple[int, int]:
     """Count and hash every sample of one MindRecord file through `MindDataset`."""
-    import mindspore.dataset as ds
-
-    data = ds.MindDataset([path], columns_list=["input_ids"], shuffle=False, num_parallel_workers=1)
-    count = 0
-    digest = 0
-    for (batch,) in data.batch(1024).create_tuple_iterator(output_numpy=True, num_epochs=1):
-        if batch.ndim != 2 or batch.shape[1] != window or batch.dtype != np.int32:
-            raise ShardError(f"{path}: read back samples of shape {batch.shape[1:]} {batch.dtype}, expected ({window},) int32")
-        count += len(batch)
-        digest = (digest + sum(_row_digest(r) for r in batch)) % (1 << 64)
+    count, digest, _ = _read_all(path, window)
     return count, digest
 
 
@@ -188,3 +180,64 @@ train_dataset_task:
   type: CausalLanguageModelDataset
   dataset_config: *train_dataset
 """
+
+
+def verify_shard_dir(shards_dir: str) -> tuple[list[str], dict]:
+    """Check a shard directory against its manifest: files present, sha256 of every `.mindrecord`
+    and `.db`, every sample read back through MindDataset (count, length, dtype, content hash),
+    ids below the vocabulary size, equal samples per rank. Returns (problems, totals)."""
+    import json
+
+    root = os.path.abspath(shards_dir)
+    manifest_path = os.path.join(root, "manifest.json")
+    if not os.path.isfile(manifest_path):
+        return [f"{manifest_path} does not exist: not a finished corpusmill shard directory"], {}
+    manifest = json.load(open(manifest_path, encoding="utf-8"))
+    window, vocab = manifest["sample_length"], manifest["vocab_size"]
+    problems: list[str] = []
+    per_rank: dict[int, int] = {}
+    max_id = -1
+    for entry in manifest["files"]:
+        path = os.path.join(root, entry["path"])
+        missing = [p for p in (path, path + ".db") if not os.path.isfile(p)]
+        if missing:
+            problems.append(f"{entry['path']}: missing {', '.join(os.path.basename(m) for m in missing)}")
+            continue
+        if file_sha256(path) != entry["sha256"]:
+            problems.append(f"{entry['path']}: sha256 differs from the manifest (file altered or truncated)")
+        if file_sha256(path + ".db") != entry["db_sha256"]:
+            problems.append(f"{entry['path']}.db: sha256 differs from the manifest")
+        try:
+            count, digest, top = _read_all(path, window)
+        except Exception as e:  # noqa: BLE001 - a damaged file raises from MindSpore's C++ reader
+            problems.append(f"{entry['path']}: cannot be read back: {str(e).splitlines()[0][:200]}")
+            continue
+        if count != entry["samples"]:
+            problems.append(f"{entry['path']}: {count} samples read back, manifest says {entry['samples']}")
+        elif "rows_xxh3_sum" in entry and digest != entry["rows_xxh3_sum"]:
+            problems.append(f"{entry['path']}: sample contents differ from what was written")
+        if top >= vocab:
+            problems.append(f"{entry['path']}: token id {top} is not below the vocabulary size {vocab}")
+        max_id = max(max_id, top)
+        per_rank[entry["rank"]] = per_rank.get(entry["rank"], 0) + count
+    expected = manifest["samples_per_rank"]
+    for rank in range(manifest["ranks"]):
+        if per_rank.get(rank, 0) != expected and not any(p for p in problems if f"rank-{rank:04d}/" in p):
+            problems.append(f"rank {rank}: {per_rank.get(rank, 0)} samples, expected {expected}")
+    totals = {"files": len(manifest["files"]), "samples": sum(per_rank.values()), "ranks": manifest["ranks"],
+              "samples_per_rank": per_rank, "max_token_id": max_id, "vocab_size": vocab}
+    return problems, totals
+
+
+def _read_all(path: str, window: int) -> tuple[int, int, int]:
+    import mindspore.dataset as ds
+
+    data = ds.MindDataset([path], columns_list=["input_ids"], shuffle=False, num_parallel_workers=1)
+    count, digest, top = 0, 0, -1
+    for (batch,) in data.batch(1024).create_tuple_iterator(output_numpy=True, num_epochs=1):
+        if batch.ndim != 2 or batch.shape[1] != window or batch.dtype != np.int32:
+            raise ShardError(f"samples of shape {batch.shape[1:]} {batch.dtype}, expected ({window},) int32")
+        count += len(batch)
+        digest = (digest + sum(_row_digest(r) for r in batch)) % (1 << 64)
+        top = max(top, int(batch.max()))
+    return count, digest, top

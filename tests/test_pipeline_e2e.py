@@ -194,6 +194,47 @@ def test_stock_mindformers_loader_reads_the_shards(run):
     assert one_rank == sorted(str(shards / e["path"]) for e in manifest["files"] if e["rank"] == 1)
 
 
+def test_shards_verify_passes_and_catches_truncated_altered_and_missing_files(run, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    def verify(folder):
+        return subprocess.run([sys.executable, "-m", "pipeline.cli", "shards", "verify", str(folder)],
+                              capture_output=True, text=True, timeout=300)
+
+    ok = verify(run["out"] / "shards")
+    assert ok.returncode == 0 and "shards ok" in ok.stdout, ok.stderr
+    manifest = json.loads((run["out"] / "shards" / "manifest.json").read_text())
+    files = [e["path"] for e in manifest["files"]]
+
+    truncated = tmp_path / "truncated"
+    shutil.copytree(run["out"] / "shards", truncated)
+    f = truncated / files[0]
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    out = verify(truncated)
+    assert out.returncode == 1 and f"{files[0]}: sha256 differs" in out.stderr
+
+    altered = tmp_path / "altered"
+    shutil.copytree(run["out"] / "shards", altered)
+    f = altered / files[1]
+    data = bytearray(f.read_bytes())
+    data[-100] ^= 0xFF
+    f.write_bytes(bytes(data))
+    out = verify(altered)
+    assert out.returncode == 1 and f"{files[1]}: sha256 differs" in out.stderr
+
+    missing = tmp_path / "missing"
+    shutil.copytree(run["out"] / "shards", missing)
+    (missing / (files[2] + ".db")).unlink()
+    out = verify(missing)
+    assert out.returncode == 1 and f"{files[2]}: missing" in out.stderr and "problem(s)" in out.stderr
+
+    inspect = subprocess.run([sys.executable, "-m", "pipeline.cli", "shards", "inspect", str(run["out"] / "shards"),
+                              "--decode", "1"], capture_output=True, text=True, timeout=300)
+    assert inspect.returncode == 0 and "--- sample 0" in inspect.stdout
+
+
 def test_resume_skips_finished_stages_and_reruns_changed_ones(run, dask_client):
     root = run["root"]
     before = json.loads((run["out"] / "shards" / "manifest.json").read_text())
