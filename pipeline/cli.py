@@ -161,8 +161,9 @@ def _print_run_summary(result, out: Path) -> None:
         _log(f"  {name:<12} {s['in']:>9,} -> {s['out']:>9,}   removed: {removed}")
     if "tokens" in led:
         p = led["packing"]
-        _log(f"tokens: {led['tokens']:,}; windows {p['windows']:,} (seq+1 ids each), "
-             f"{p['tokens_dropped']:,} tail tokens dropped, {p['pad_tokens']:,} padded")
+        _log(f"tokens: {led['tokens']:,}; packing {p['mode']}: {p['windows']:,} windows (seq+1 ids each), "
+             f"{p['docs_split']:,} documents split, {p['docs_truncated']:,} truncated, {p['tokens_dropped']:,} tokens "
+             f"dropped, {100 * p['padding_share']:.2f}% padding")
     if "samples" in led:
         _log(f"shards: {led['samples']:,} samples, {led['samples_per_rank']:,} per rank "
              f"({led['samples_dropped_for_equal_ranks']} dropped for equal ranks) -> {out / 'shards' / 'manifest.json'}")

@@ -138,8 +138,12 @@ class TokenizerConfig(_Section):
 
 class PackConfig(_Section):
     seq_length: int = Field(2048, gt=0, description="Model sequence length; each sample holds seq_length + 1 ids.")
+    mode: Literal["concat", "pad", "best_fit"] = Field(
+        "concat", description="concat: join documents and cut windows; pad: one document per sample (truncated or "
+        "padded, with labels); best_fit: best-fit-decreasing bin packing so fewer documents are cut (padded, with labels)."
+    )
     remainder: Literal["drop", "pad"] = Field(
-        "drop", description="What to do with the last incomplete window: drop its tokens or pad it with pad_id."
+        "drop", description="concat mode: drop the last incomplete window's tokens or pad it with pad_id."
     )
 
 

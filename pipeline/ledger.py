@@ -56,7 +56,9 @@ def build_ledger(stats: dict[str, dict], doc_stages: list[str]) -> dict[str, Any
         ledger["tokens"] = int(stats["tokenize"]["tokens"])
     if "pack" in stats:
         p = stats["pack"]
-        ledger["packing"] = {k: int(p[k]) for k in ("tokens_in", "windows", "docs_split", "tokens_dropped", "pad_tokens")}
+        ledger["packing"] = {k: int(p[k]) for k in ("tokens_in", "tokens_kept", "windows", "docs_split", "docs_truncated",
+                                                     "tokens_dropped", "pad_tokens")}
+        ledger["packing"].update(mode=p["mode"], padding_share=round(float(p["padding_share"]), 6))
     if "shard" in stats:
         ledger["samples"] = int(stats["shard"]["samples"])
         ledger["samples_per_rank"] = int(stats["shard"]["samples_per_rank"])

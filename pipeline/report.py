@@ -103,8 +103,9 @@ def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: 
                   f"- {t['docs_in']:,} documents → {t['tokens']:,} tokens ({t['tokens'] / max(1, t['docs_in']):.0f} per document)"]
     if "pack" in stats:
         p = stats["pack"]
-        lines += [f"- packed into {p['windows']:,} windows; {p['docs_split']:,} documents cut at a window boundary; "
-                  f"{p['tokens_dropped']:,} tokens dropped (last incomplete window), {p['pad_tokens']:,} pad tokens"]
+        lines += [f"- packing `{p['mode']}`: {p['windows']:,} windows; {p['docs_split']:,} documents split across windows, "
+                  f"{p['docs_truncated']:,} truncated; tokens kept {p['tokens_kept']:,} of {p['tokens_in']:,} "
+                  f"({p['tokens_dropped']:,} dropped); {p['pad_tokens']:,} pad tokens = {100 * p['padding_share']:.2f}% padding"]
     if "shard" in stats:
         s = stats["shard"]
         lines += [f"- {s['samples']:,} samples in {s['files']} MindRecord files: {s['samples_per_rank']:,} per rank, "

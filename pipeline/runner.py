@@ -507,19 +507,27 @@ class Pipeline:
         return stats
 
     def _pack(self, folder: Path) -> dict:
-        window = self.cfg.pack.seq_length + 1
-        stats, results = self._map("tokenize", folder, pack.pack_batch, {"window": window}, reader="arrow")
-        tails = [r["extra"] for r in results]
+        pc_, window = self.cfg.pack, self.cfg.pack.seq_length + 1
         pad_id = self.extra["tokenize"]["tokenizer"]["pad_id"]
-        table, tail_stats = pack.pack_tails(tails, window, self.cfg.pack.remainder, pad_id)
-        if table.num_rows:
-            write_table_atomic(table, folder / "part-tail.parquet")
-        stats["windows"] += tail_stats.pop("windows")
-        stats.update(tail_stats)
+        stats, results = self._map("tokenize", folder, pack.pack_batch,
+                                   {"window": window, "mode": pc_.mode, "pad_id": pad_id}, reader="arrow")
+        stats["mode"] = pc_.mode
+        if pc_.mode == "concat":
+            table, tail_stats = pack.pack_tails([r["extra"] for r in results], window, pc_.remainder, pad_id)
+            if table.num_rows:
+                write_table_atomic(table, folder / "part-tail.parquet")
+            stats["windows"] += tail_stats.pop("windows")
+            stats["tokens_dropped"] = stats.get("tokens_dropped", 0) + tail_stats.pop("tokens_dropped")
+            stats["pad_tokens"] = stats.get("pad_tokens", 0) + tail_stats.pop("pad_tokens")
+            stats.update(tail_stats)
+        stats.setdefault("docs_truncated", 0)
+        stats["tokens_kept"] = stats["tokens_in"] - stats["tokens_dropped"]
+        stats["padding_share"] = stats["pad_tokens"] / max(1, stats["windows"] * window)
         return stats
 
     def _shard(self, folder: Path, config_hash: str) -> dict:
         sc, window = self.cfg.shard, self.cfg.pack.seq_length + 1
+        labels = self.cfg.pack.mode != "concat"  # windows that can hold padding carry masked labels
         parts = self.parts("pack")
         counts = [pq.ParquetFile(p).metadata.num_rows for p in parts]
         total = int(sum(counts))
@@ -545,7 +553,8 @@ class Pipeline:
         tasks = []
         for i, part in enumerate(by_file.to_delayed()):
             rank, f = plan.file_of(i)
-            tasks.append(delayed(shard.write_mindrecord)(part, str(staging / shard.file_name(rank, f)), window, sc.write_batch))
+            tasks.append(delayed(shard.write_mindrecord)(part, str(staging / shard.file_name(rank, f)), window,
+                                                          sc.write_batch, labels))
         assert len(tasks) == n_files, (len(tasks), n_files)
         self.log(f"  shard: {total} samples -> {sc.ranks} ranks x {plan.per_rank} samples "
                  f"({plan.dropped} dropped for equal ranks), {n_files} MindRecord files")
@@ -570,7 +579,10 @@ class Pipeline:
             "tokenizer": {k: tok[k] for k in ("sha256", "bos_id", "eos_id", "unk_id", "pad_id", "pad_source", "vocab_size")}
             | {"path": "tokenizer.model", "add_bos": self.cfg.tokenizer.add_bos, "add_eos": self.cfg.tokenizer.add_eos},
             "columns": {"input_ids": {"type": "int32", "shape": [window],
-                                      "note": "seq_length + 1 ids; the model shifts by one for labels; EOS ends every document"}},
+                                      "note": "seq_length + 1 ids; the model shifts by one for labels; EOS ends every document"}}
+            | ({"labels": {"type": "int32", "shape": [window], "note": "input_ids with -100 on trailing padding"}}
+               if labels else {}),
+            "pack_mode": self.cfg.pack.mode,
             "layout": sc.layout,
             "ranks": sc.ranks,
             "files_per_rank": sc.files_per_rank,
@@ -582,7 +594,9 @@ class Pipeline:
             "files": files,
         }
         (staging / "mindformers_train_dataset.yaml").write_text(
-            shard.mindformers_snippet(str(folder.resolve()), window), encoding="utf-8")
+            shard.mindformers_snippet(str(folder.resolve()), window, ["input_ids", "labels"] if labels else ["input_ids"],
+                                      tok["eos_id"] if self.cfg.pack.mode != "pad" and self.cfg.tokenizer.add_eos else None),
+            encoding="utf-8")
         _write_json_atomic(staging / "manifest.json", manifest)
         if folder.exists():
             shutil.rmtree(folder)
@@ -631,8 +645,9 @@ def _token_summary(s: dict) -> str:
 
 
 def _pack_summary(s: dict) -> str:
-    return (f"{s['tokens_in']} tokens -> {s['windows']} windows; {s['docs_split']} docs cut at a window boundary; "
-            f"{s['tokens_dropped']} tokens dropped, {s['pad_tokens']} pad tokens")
+    return (f"{s['mode']}: {s['tokens_in']} tokens -> {s['windows']} windows; {s['docs_split']} docs split across windows, "
+            f"{s['docs_truncated']} truncated; {s['tokens_dropped']} tokens dropped, {s['pad_tokens']} pad tokens "
+            f"({100 * s['padding_share']:.1f}% padding)")
 
 
 def _shard_summary(s: dict) -> str:

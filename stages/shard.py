@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
@@ -111,8 +111,12 @@ def _row_digest(row: np.ndarray) -> int:
     return xxhash.xxh3_64_intdigest(np.ascontiguousarray(row, dtype=np.int32).tobytes())
 
 
-def write_mindrecord(part: pd.DataFrame, path: str, window: int, write_batch: int) -> dict[str, Any]:
-    """Write one file's samples (sorted by position) and verify them by reading back."""
+IGNORE_INDEX = -100  # mindformers' label for positions that carry no loss
+
+
+def write_mindrecord(part: pd.DataFrame, path: str, window: int, write_batch: int, labels: bool = False) -> dict[str, Any]:
+    """Write one file's samples (sorted by position) and verify them by reading back. With `labels`,
+    a `labels` column repeats the ids with IGNORE_INDEX on each sample's trailing padding."""
     from mindspore.mindrecord import FileWriter  # heavy import, only where files are written
 
     part = part.sort_index()
@@ -120,6 +124,11 @@ def write_mindrecord(part: pd.DataFrame, path: str, window: int, write_batch: in
     if matrix.shape[1:] != (window,) and len(matrix):
         raise ShardError(f"{path}: samples hold {matrix.shape[1]} ids, expected {window}")
     rows = list(matrix)
+    if labels:
+        n_pad = part["n_pad"].to_numpy()
+        masked = matrix.copy()
+        masked[np.arange(window)[None, :] >= (window - n_pad)[:, None]] = IGNORE_INDEX
+        label_rows = list(masked)
     digest_in = sum(_row_digest(r) for r in rows) % (1 << 64)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     writer = FileWriter(path, shard_num=1, overwrite=True)
@@ -129,9 +138,17 @@ def write_mindrecord(part: pd.DataFrame, path: str, window: int, write_batch: in
     writer.set_page_size(page)
     if len(rows) * window * 4 // page < 1000:
         writer.set_header_size(1 << 20)
-    writer.add_schema({"input_ids": {"type": "int32", "shape": [-1]}}, SCHEMA_NAME)
+    schema = {"input_ids": {"type": "int32", "shape": [-1]}}
+    if labels:
+        schema["labels"] = {"type": "int32", "shape": [-1]}
+    writer.add_schema(schema, SCHEMA_NAME)
     for start in range(0, len(rows), write_batch):
-        writer.write_raw_data([{"input_ids": r} for r in rows[start : start + write_batch]])
+        end = start + write_batch
+        if labels:
+            batch = [{"input_ids": r, "labels": lab} for r, lab in zip(rows[start:end], label_rows[start:end])]
+        else:
+            batch = [{"input_ids": r} for r in rows[start:end]]
+        writer.write_raw_data(batch)
     writer.commit()
     for f in (path, path + ".db"):
         os.chmod(f, 0o644)  # FileWriter creates 0600 files; training jobs often run as another user
@@ -158,9 +175,14 @@ def read_back(path: str, window: int) -> tuple[int, int]:
     return count, digest
 
 
-def mindformers_snippet(shards_dir: str, sample_length: int) -> str:
+def mindformers_snippet(shards_dir: str, sample_length: int, columns: list[str], eod_token_id: Optional[int]) -> str:
     """A `train_dataset` section stock mindformers reads as it is (its MindDataset loader collects
     every `*.mindrecord` under `dataset_dir` and splits them with num_shards = data parallel)."""
+    import json
+
+    eod = "" if eod_token_id is None else (
+        f"  eod_reset: True  # documents are packed together: reset attention and positions at EOS\n"
+        f"  eod_token_id: {eod_token_id}\n")
     return f"""# Paste into a mindformers pretraining YAML. Samples are `input_ids` of {sample_length} int32
 # (seq_length + 1). For one rank's files only, point dataset_dir at {shards_dir}/rank-NNNN.
 train_dataset: &train_dataset
@@ -168,8 +190,8 @@ train_dataset: &train_dataset
     type: MindDataset
     dataset_dir: "{shards_dir}"
     shuffle: True
-  input_columns: ["input_ids"]
-  num_parallel_workers: 8
+  input_columns: {json.dumps(columns)}
+{eod}  num_parallel_workers: 8
   python_multiprocessing: False
   drop_remainder: True
   batch_size: 1

@@ -35,3 +35,33 @@ def test_tails_drop_or_pad():
     table, stats = pack_tails(tails, 4, "pad", pad_id=0)
     assert table.column("input_ids").to_pylist() == [[1, 2, 3, 4], [5, 6, 0, 0]]
     assert table.column("n_pad").to_pylist() == [0, 2] and stats["pad_tokens"] == 2 and stats["tokens_dropped"] == 0
+
+
+def test_pad_mode_one_document_per_sample():
+    res, tail = pack_batch(_tokens([[5, 6, 2], [7, 8, 9, 10, 11, 2]]), 4, mode="pad", pad_id=0)
+    assert res.kept.column("input_ids").to_pylist() == [[5, 6, 2, 0], [7, 8, 9, 10]] and len(tail) == 0
+    assert res.kept.column("n_pad").to_pylist() == [1, 0]
+    assert res.stats["docs_truncated"] == 1 and res.stats["tokens_dropped"] == 2 and res.stats["pad_tokens"] == 1
+
+
+def test_best_fit_packs_whole_documents_and_splits_only_long_ones():
+    from stages.pack import best_fit_bins
+
+    assert sorted(map(sorted, best_fit_bins(np.array([5, 4, 3, 3, 1]), 8))) == [[0, 2], [1, 3, 4]]
+    rng = np.random.default_rng(1)
+    docs = [list(rng.integers(3, 99, rng.integers(1, 12))) + [2] for _ in range(200)] + [list(range(3, 40)) + [2]]
+    window = 16
+    res, _ = pack_batch(_tokens(docs), window, mode="best_fit", pad_id=0)
+    rows = res.kept.column("input_ids").to_pylist()
+    n_pad = res.kept.column("n_pad").to_pylist()
+    content = [tuple(r[: window - p]) for r, p in zip(rows, n_pad)]
+    assert all(all(x == 0 for x in r[window - p:]) for r, p in zip(rows, n_pad))
+    # every short document sits whole, contiguous, inside one window; only the long one is split
+    flat_windows = [" " + " ".join(map(str, c)) + " " for c in content]
+    for d in docs[:-1]:
+        needle = " " + " ".join(map(str, d)) + " "
+        assert any(needle in w for w in flat_windows)
+    assert res.stats["docs_split"] == 1 and res.stats["tokens_dropped"] == 0
+    assert sum(len(c) for c in content) == sum(len(d) for d in docs)
+    concat, _ = pack_batch(_tokens(docs), window)
+    assert concat.stats["docs_split"] > 10 * res.stats["docs_split"]

@@ -281,3 +281,29 @@ def test_trainer_refuses_mismatched_shards(run):
         train(shards, str(run["root"] / "t2"), bad_vocab, log=lambda m: None)
     with pytest.raises(ShardMismatch, match="rank 5"):
         train(shards, str(run["root"] / "t3"), TrainConfig(steps=1, rank=5), log=lambda m: None)
+
+
+@pytest.mark.parametrize("mode", ["best_fit", "pad"])
+def test_padded_pack_modes_write_masked_labels(run, dask_client, tmp_path, mode):
+    import mindspore.dataset as ds
+    import yaml
+
+    cfg = parse_config(e2e_config(run["root"] / "corpus", pack={"mode": mode}, shard={"ranks": 1, "files_per_rank": 1}))
+    result = Pipeline(cfg, tmp_path / "out", client=dask_client, log=lambda m: None).run()
+    packing = result.ledger["packing"]
+    assert packing["mode"] == mode and packing["pad_tokens"] > 0 and 0 < packing["padding_share"] < 1
+    shards = tmp_path / "out" / "shards"
+    manifest = json.loads((shards / "manifest.json").read_text())
+    assert set(manifest["columns"]) == {"input_ids", "labels"} and manifest["pack_mode"] == mode
+    pad = manifest["tokenizer"]["pad_id"]
+    data = ds.MindDataset([str(shards / manifest["files"][0]["path"])], columns_list=["input_ids", "labels"], shuffle=False)
+    padded = 0
+    for ids, labels in data.create_tuple_iterator(output_numpy=True, num_epochs=1):
+        masked = labels == -100
+        assert np.array_equal(labels[~masked], ids[~masked]) and (ids[masked] == pad).all()
+        assert not masked.any() or masked[np.argmax(masked):].all()  # padding only at the end
+        padded += int(masked.sum())
+    assert padded == packing["pad_tokens"] - 0  # every pad token is masked (no samples dropped at 1 rank)
+    snippet = yaml.safe_load((shards / "mindformers_train_dataset.yaml").read_text())["train_dataset"]
+    assert snippet["input_columns"] == ["input_ids", "labels"]
+    assert ("eod_reset" in snippet) == (mode == "best_fit")
