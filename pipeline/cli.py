@@ -73,6 +73,23 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size", type=int, help="samples per step (default 8)")
     train.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
     train.add_argument("--num-parallel-workers", type=int, help="MindDataset reader threads (at most the CPU count)")
+    tok = sub.add_parser("tokenizer", help="train a SentencePiece tokenizer from a corpus sample",
+                         description="Tokenizer tools.")
+    tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
+    ttrain = tok_sub.add_parser("train", help="train a SentencePiece model on a seeded sample of INPUT",
+                                description="Read INPUT (files, folders, globs), normalise a seeded sample of documents "
+                                "as the pipeline does, train a SentencePiece model (unk/bos/eos/pad = 0/1/2/3, byte "
+                                "fallback, newline piece, digits split) and check it (ids, <unk> rate, round trip).")
+    ttrain.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or globs")
+    ttrain.add_argument("--out", required=True, help="where to write the model (.model added if missing; .vocab beside it)")
+    ttrain.add_argument("--vocab-size", type=int, help="vocabulary size (default 8000)")
+    ttrain.add_argument("--model-type", choices=["bpe", "unigram"], help="SentencePiece model type (default bpe)")
+    ttrain.add_argument("--character-coverage", type=float, help="share of characters covered (default 0.9995, for Chinese)")
+    ttrain.add_argument("--no-byte-fallback", action="store_true", help="map unknown characters to <unk> instead of bytes")
+    ttrain.add_argument("--user-symbols", help="comma-separated special tokens kept whole, e.g. '<|im_start|>,<|im_end|>'")
+    ttrain.add_argument("--sample-docs", type=int, help="documents sampled to train on (default 20000)")
+    ttrain.add_argument("--config", help="YAML config whose input, normalize and tokenizer.train sections apply")
+
     shards = sub.add_parser("shards", help="verify or inspect a shard directory",
                             description="Check or look into a shards/ directory a run wrote.")
     shards_sub = shards.add_subparsers(dest="shards_command", required=True, metavar="ACTION")
@@ -96,6 +113,60 @@ def _build_parser() -> argparse.ArgumentParser:
     config_sub.add_parser("example", help="print configs/example.yaml (every option, its default and meaning)",
                           description="Print every option at its default with its description.")
     return p
+
+
+def _cmd_tokenizer(args) -> int:
+    import shutil
+    import tempfile
+
+    from .config import Config, parse_config
+    from .executor import sample_part
+    from stages import read, tokenize
+    from stages.normalize import normalize_array
+
+    cfg = _load(args.config) if args.config else Config()
+    tc = cfg.tokenizer.train
+    for attr, value in (("vocab_size", args.vocab_size), ("model_type", args.model_type),
+                        ("character_coverage", args.character_coverage), ("sample_docs", args.sample_docs)):
+        if value is not None:
+            setattr(tc, attr, value)
+    if args.no_byte_fallback:
+        tc.byte_fallback = False
+    if args.user_symbols:
+        tc.user_symbols = [x for x in args.user_symbols.split(",") if x]
+    cfg = parse_config(cfg.model_dump(mode="json"), "command line")
+    tc = cfg.tokenizer.train
+    out = Path(args.out if args.out.endswith(".model") else args.out + ".model")
+    files = read.expand_inputs(list(args.inputs))
+    with tempfile.TemporaryDirectory() as tmp:
+        units, to_count = read.plan_units(files, 1 << 62, int(cfg.input.part_size_mb * 2**20))
+        opts = read.ReadOptions(cfg.input.text_field, cfg.input.id_field, cfg.input.source_field,
+                                int(cfg.input.part_size_mb * 2**20))
+        docs = sum(read.read_unit(u, opts, tmp)["stats"]["docs_out"] for u in units)
+        parts = sorted(str(p) for p in Path(tmp).glob("part-*.parquet"))
+        rate = min(1.0, tc.sample_docs / max(1, docs))
+        per_part = (tc.max_sample_mb << 20) // max(1, len(parts))
+        sample = [t for p in parts for t in sample_part(p, tc.seed, rate, per_part)]
+        import pyarrow as pa
+
+        sample = normalize_array(pa.array(sample, pa.string()), **cfg.normalize.model_dump()).to_pylist()
+        lines = tokenize.write_training_sample(sample, Path(tmp) / "sample.txt")
+        _log(f"tokenizer: training {tc.model_type}, vocab {tc.vocab_size}, on {len(sample):,} of {docs:,} documents "
+             f"({lines:,} lines)")
+        model = tokenize.train_tokenizer(Path(tmp) / "sample.txt", Path(tmp) / "tok", vocab_size=tc.vocab_size,
+                                         model_type=tc.model_type, character_coverage=tc.character_coverage,
+                                         byte_fallback=tc.byte_fallback, seed=tc.seed, num_threads=os.cpu_count() or 1,
+                                         user_symbols=tuple(tc.user_symbols))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(model, out)
+        shutil.copyfile(str(model)[: -len(".model")] + ".vocab", out.with_suffix(".vocab"))
+        check = sample[:: max(1, len(sample) // 200)][:200]
+    report = tokenize.check_tokenizer(str(out), add_bos=cfg.tokenizer.add_bos, add_eos=cfg.tokenizer.add_eos,
+                                      pad_id=None, model_vocab_size=None, sample_texts=check)
+    _log(f"tokenizer: {out} (sha256 {report.sha256[:16]}…): vocabulary {report.vocab_size:,}; unk {report.unk_id}, "
+         f"bos {report.bos_id}, eos {report.eos_id}, pad {report.pad_id}; on {report.sample_docs} sample documents "
+         f"<unk> rate {report.unk_rate:.4%}, round-trip mismatches {report.roundtrip_mismatch_rate:.1%}")
+    return 0
 
 
 def _cmd_shards(args) -> int:
@@ -298,13 +369,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .ledger import LedgerError
     from .runner import PipelineError
     from stages.read import InputError
+    from stages.tokenize import TokenizerError
     from trainer.data import ShardMismatch
 
     handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train, "config": _cmd_config, "dedup": _cmd_dedup,
-                "shards": _cmd_shards}
+                "shards": _cmd_shards, "tokenizer": _cmd_tokenizer}
     try:
         return handlers[args.command](args)
-    except (ConfigError, InputError, PipelineError, LedgerError, ShardMismatch, ConnectionError) as e:
+    except (ConfigError, InputError, PipelineError, LedgerError, ShardMismatch, ConnectionError, TokenizerError) as e:
         print(f"corpusmill: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

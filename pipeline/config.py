@@ -119,6 +119,9 @@ class TokenizerTrainConfig(_Section):
     max_sample_mb: int = Field(64, gt=0, description="Cap on the text given to the trainer.")
     character_coverage: float = Field(0.9995, gt=0, le=1, description="Share of characters covered; 0.9995 suits Chinese.")
     byte_fallback: bool = Field(True, description="Unknown characters become UTF-8 byte tokens instead of <unk>.")
+    user_symbols: list[str] = Field(
+        default_factory=list, description="Extra special tokens kept whole (e.g. chat markers); ids follow unk/bos/eos/pad."
+    )
     seed: int = Field(0, description="Seed of the document sample.")
 
 

@@ -479,7 +479,7 @@ class Pipeline:
                 tokenize.train_tokenizer(
                     sample_file, folder / "tokenizer", vocab_size=tc.train.vocab_size, model_type=tc.train.model_type,
                     character_coverage=tc.train.character_coverage, byte_fallback=tc.train.byte_fallback,
-                    seed=tc.train.seed, num_threads=os.cpu_count() or 1,
+                    seed=tc.train.seed, num_threads=os.cpu_count() or 1, user_symbols=tuple(tc.train.user_symbols),
                 )
             except tokenize.TokenizerError as e:
                 raise PipelineError(str(e)) from None

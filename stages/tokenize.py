@@ -156,7 +156,8 @@ def write_training_sample(texts: list[str], path: Path) -> int:
 
 
 def train_tokenizer(sample_file: Path, model_prefix: Path, *, vocab_size: int, model_type: str,
-                    character_coverage: float, byte_fallback: bool, seed: int, num_threads: int) -> str:
+                    character_coverage: float, byte_fallback: bool, seed: int, num_threads: int,
+                    user_symbols: tuple = ()) -> str:
     """Train a SentencePiece model suited to mixed Chinese/English text; returns the .model path.
 
     Ids: unk 0, bos 1, eos 2, pad 3. Normalisation is identity (the pipeline already normalised) and
@@ -164,7 +165,8 @@ def train_tokenizer(sample_file: Path, model_prefix: Path, *, vocab_size: int, m
     """
     random.seed(seed)
     try:
-        _train(sample_file, model_prefix, vocab_size, model_type, character_coverage, byte_fallback, num_threads)
+        _train(sample_file, model_prefix, vocab_size, model_type, character_coverage, byte_fallback, num_threads,
+               list(user_symbols))
     except RuntimeError as e:
         msg = str(e)
         if "Vocabulary size is smaller than required_chars" in msg:
@@ -179,7 +181,7 @@ def train_tokenizer(sample_file: Path, model_prefix: Path, *, vocab_size: int, m
 
 
 def _train(sample_file: Path, model_prefix: Path, vocab_size: int, model_type: str, character_coverage: float,
-           byte_fallback: bool, num_threads: int) -> None:
+           byte_fallback: bool, num_threads: int, user_symbols: list) -> None:
     spm.SentencePieceTrainer.train(
         input=str(sample_file),
         model_prefix=str(model_prefix),
@@ -195,7 +197,7 @@ def _train(sample_file: Path, model_prefix: Path, vocab_size: int, model_type: s
         remove_extra_whitespaces=False,
         split_digits=True,
         allow_whitespace_only_pieces=True,
-        user_defined_symbols=["\n"],
+        user_defined_symbols=["\n", *user_symbols],
         max_sentence_length=16384,
         input_sentence_size=2_000_000,
         shuffle_input_sentence=True,

@@ -77,3 +77,26 @@ def test_train_command_on_demo_shards(demo_run, tmp_path):
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3]
     bad = _run(["train", "--shards", str(out / "shards"), "--steps", "1", "--num-parallel-workers", "999"])
     assert bad.returncode == 2 and "CPUs" in bad.stderr
+
+
+def test_tokenizer_train_command(tmp_path):
+    import sentencepiece as spm
+
+    from tests.conftest import write_jsonl
+
+    rng_words = "data model token corpus shard rank train window quality filter".split()
+    docs = [{"text": " ".join(rng_words[(i * 7 + j) % 10] for j in range(40)) + " 数据清洗和去重是预训练的关键环节。"} for i in range(300)]
+    write_jsonl(tmp_path / "c" / "a.jsonl", docs)
+    proc = _run(["tokenizer", "train", str(tmp_path / "c"), "--out", str(tmp_path / "tok"), "--vocab-size", "400",
+                 "--user-symbols", "<|im_start|>,<|im_end|>"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "tok.model"))
+    assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (0, 1, 2, 3)
+    assert "<|im_start|>" in sp.encode("<|im_start|>data", out_type=str)
+    assert "round-trip mismatches 0.0%" in proc.stdout
+    # 500 distinct Chinese characters cannot fit a 300-piece vocabulary at full coverage: a clear error
+    hanzi = "".join(chr(0x4E00 + i) for i in range(500))
+    write_jsonl(tmp_path / "zh" / "a.jsonl", [{"text": hanzi[i:] + hanzi[:i]} for i in range(0, 500, 5)])
+    bad = _run(["tokenizer", "train", str(tmp_path / "zh"), "--out", str(tmp_path / "t2"), "--vocab-size", "300",
+                "--character-coverage", "1.0"])
+    assert bad.returncode == 2 and "raise tokenizer.train.vocab_size" in bad.stderr, bad.stderr[-1000:]

@@ -54,3 +54,39 @@ def test_real_chinese_tokenizers_get_a_pad_id(name, vocab):
     assert r.vocab_size == vocab and (r.unk_id, r.bos_id, r.eos_id) == (0, 1, 2)
     assert r.pad_id == 0 and r.pad_source.startswith("unk")
     assert r.unk_rate < 0.01
+
+
+def _mistral_models():
+    try:
+        import mistral_common
+    except ImportError:
+        return []
+    from pathlib import Path
+
+    data = Path(mistral_common.__file__).parent / "data"
+    return sorted(str(p) for p in data.glob("*.model*") if ".model" in p.name)
+
+
+@pytest.mark.parametrize("path", _mistral_models() or [pytest.param(None, marks=pytest.mark.skip("mistral-common absent"))])
+def test_mistral_tokenizers_get_a_pad_and_pass_the_checks(path):
+    r = check_tokenizer(path, add_bos=True, add_eos=True, pad_id=None, model_vocab_size=32768, sample_texts=[ZH, EN])
+    assert r.vocab_size in (32000, 32768) and (r.unk_id, r.bos_id, r.eos_id) == (0, 1, 2)
+    assert r.pad_id == 0 and r.pad_source.startswith("unk") and r.unused_embedding_rows == 32768 - r.vocab_size
+    with pytest.raises(TokenizerError, match="larger than the model's vocab_size"):
+        check_tokenizer(path, add_bos=True, add_eos=True, pad_id=None, model_vocab_size=30000, sample_texts=[])
+
+
+def test_pipeline_refuses_a_too_large_vocabulary_before_tokenizing(tmp_path, dask_client):
+    from pipeline.config import parse_config
+    from pipeline.runner import Pipeline, PipelineError
+    from tests.conftest import write_jsonl
+
+    models = _mistral_models()
+    if not models:
+        pytest.skip("mistral-common absent")
+    write_jsonl(tmp_path / "c" / "a.jsonl", [{"text": EN + f" {i}"} for i in range(20)])
+    cfg = parse_config({"input": {"paths": [str(tmp_path / "c")]}, "tokenizer": {"model": models[0]},
+                        "train": {"model": {"vocab_size": 1000}}, "pack": {"seq_length": 16}})
+    with pytest.raises(PipelineError, match="larger than the model's vocab_size"):
+        Pipeline(cfg, tmp_path / "out", client=dask_client, log=lambda m: None).run()
+    assert not list((tmp_path / "out" / "05-tokenize").glob("part-*.parquet"))
