@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import pandas as pd
@@ -23,17 +23,21 @@ def _as_table(data: Any, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pandas(data, schema=schema, preserve_index=False)
 
 
-def run_batch_part(fn: Callable[..., Any], in_path: str, out_dir: str, reader: str, kwargs: dict) -> dict:
-    """Read one part, apply `fn`, write kept rows to `out_dir/<name>` and removed to `out_dir/removed/`."""
+def run_batch_part(fn: Callable[..., Any], in_path: str, out_dir: str, reader: str, kwargs: dict,
+                   rows: Optional[tuple[int, int]] = None, name: Optional[str] = None) -> dict:
+    """Read one part (or its rows [start, stop)), apply `fn`, write kept rows to `out_dir/<name>` and
+    removed to `out_dir/removed/<name>`."""
     start = time.perf_counter()
     table = pq.read_table(in_path)
+    if rows is not None:
+        table = table.slice(rows[0], rows[1] - rows[0])
     data = table if reader == "arrow" else table.to_pandas(types_mapper=pd.ArrowDtype)
     result = fn(data, **kwargs)
     extra = None
     if isinstance(result, tuple):
         result, extra = result
     assert isinstance(result, BatchResult)
-    name = Path(in_path).name
+    name = name or Path(in_path).name
     write_table_atomic(_as_table(result.kept, DOC_SCHEMA), Path(out_dir) / name)
     if result.removed is not None and len(result.removed):
         write_table_atomic(_as_table(result.removed, REMOVED_SCHEMA), Path(out_dir) / "removed" / name)

@@ -8,6 +8,7 @@ quarantined, per stage and overall.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -47,6 +48,10 @@ STAGE_DIRS = {
     "pack": "06-pack",
     "shard": "shards",
 }
+
+
+TOKENIZE_SLICE_MB = 8  # tokenizing is the slowest stage: slices this size keep both workers busy
+TEXT_PER_PARQUET_BYTE = 3  # zstd Parquet of text is about a third of the text's size
 
 
 class PipelineError(RuntimeError):
@@ -127,8 +132,25 @@ class Pipeline:
         self.log(f"[{name}] {summary(stats)} in {seconds:.1f}s")
         return stats
 
-    def _map(self, in_name: str, folder: Path, fn: Callable, kwargs: dict, reader: str = "pandas") -> tuple[dict, list]:
-        tasks = [delayed(run_batch_part)(fn, p, str(folder), reader, kwargs) for p in self.parts(in_name)]
+    def _map(self, in_name: str, folder: Path, fn: Callable, kwargs: dict, reader: str = "pandas",
+             split_mb: Optional[float] = None) -> tuple[dict, list]:
+        """Map a batch stage over the parts of `in_name`. With `split_mb`, a part is cut into row slices
+        of about that much text (estimated from its Parquet size), so a slow stage spreads evenly over
+        the workers; slice outputs are named so that they sort in the parts' order."""
+        tasks = []
+        for p in self.parts(in_name):
+            k = 1
+            if split_mb:
+                k = max(1, min(64, math.ceil(os.path.getsize(p) * TEXT_PER_PARQUET_BYTE / (split_mb * 2**20))))
+            if k == 1:
+                tasks.append(delayed(run_batch_part)(fn, p, str(folder), reader, kwargs))
+                continue
+            n = pq.ParquetFile(p).metadata.num_rows
+            bounds = np.linspace(0, n, k + 1).astype(int)
+            stem = Path(p).stem
+            for i in range(k):
+                tasks.append(delayed(run_batch_part)(fn, p, str(folder), reader, kwargs,
+                                                     (int(bounds[i]), int(bounds[i + 1])), f"{stem}-s{i:02d}.parquet"))
         results = run_tasks(self.client, tasks, folder.name)
         total: dict = {}
         for r in results:
@@ -458,10 +480,14 @@ class Pipeline:
         kept_docs = self.stats[source_stage]["docs_out"]
         if kept_docs == 0:
             raise PipelineError("no documents are left to tokenize: every input was filtered, removed or quarantined")
-        rate = min(1.0, tc.train.sample_docs / kept_docs)
-        max_chars = (tc.train.max_sample_mb << 20) // max(1, len(parts))
+        if tc.model:  # only the checks need a sample: a few hundred documents from 4 spread-out parts
+            sampled = [parts[i] for i in sorted({round(j * (len(parts) - 1) / 3) for j in range(4)})]
+            rate = min(1.0, 2000 / max(1, kept_docs * len(sampled) / len(parts)))
+        else:  # training needs a sample of the whole corpus
+            sampled, rate = parts, min(1.0, tc.train.sample_docs / kept_docs)
+        max_chars = (tc.train.max_sample_mb << 20) // max(1, len(sampled))
         samples = run_tasks(
-            self.client, [delayed(sample_part)(p, tc.train.seed, rate, max_chars) for p in parts], "tokenize: sample"
+            self.client, [delayed(sample_part)(p, tc.train.seed, rate, max_chars) for p in sampled], "tokenize: sample"
         )
         sample = [t for chunk in samples for t in chunk]
         model_path = folder / "tokenizer.model"
@@ -503,7 +529,7 @@ class Pipeline:
         self.extra["tokenize"] = {"tokenizer": info}
         stats, _ = self._map(source_stage, folder, tokenize.tokenize_batch,
                              {"model_path": str(model_path), "add_bos": tc.add_bos, "add_eos": tc.add_eos,
-                              "batch_docs": tc.batch_docs})
+                              "batch_docs": tc.batch_docs}, reader="arrow", split_mb=TOKENIZE_SLICE_MB)
         return stats
 
     def _pack(self, folder: Path) -> dict:

@@ -207,10 +207,13 @@ def _train(sample_file: Path, model_prefix: Path, vocab_size: int, model_type: s
     )
 
 
-def tokenize_batch(df: pd.DataFrame, model_path: str, add_bos: bool, add_eos: bool, batch_docs: int) -> BatchResult:
+def tokenize_batch(docs: pa.Table | pd.DataFrame, model_path: str, add_bos: bool, add_eos: bool, batch_docs: int) -> BatchResult:
     """Encode the `text` column into `input_ids` (list<int32>), BOS/EOS per config."""
     sp = load_tokenizer(model_path)
-    texts = df["text"].tolist()
+    if isinstance(docs, pa.Table):
+        texts, uids = docs.column("text").to_pylist(), docs.column("uid").to_numpy()
+    else:
+        texts, uids = docs["text"].tolist(), docs["uid"].to_numpy(dtype="int64")
     lengths: list[int] = []
     chunks: list[np.ndarray] = []
     for start in range(0, len(texts), batch_docs):
@@ -222,8 +225,8 @@ def tokenize_batch(df: pd.DataFrame, model_path: str, add_bos: bool, add_eos: bo
     np.cumsum(lengths, out=offsets[1:])
     lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=pa.int32()))
     table = pa.Table.from_arrays(
-        [pa.array(df["uid"].to_numpy(dtype="int64")), pa.array(np.asarray(lengths, dtype=np.int32)), lists],
+        [pa.array(np.asarray(uids, dtype=np.int64)), pa.array(np.asarray(lengths, dtype=np.int32)), lists],
         schema=TOKEN_SCHEMA,
     )
-    stats = {"docs_in": len(df), "docs_out": len(df), "tokens": int(values.size), "chars": int(sum(map(len, texts)))}
+    stats = {"docs_in": len(texts), "docs_out": len(texts), "tokens": int(values.size), "chars": int(sum(map(len, texts)))}
     return BatchResult(kept=table, stats=stats)
