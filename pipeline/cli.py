@@ -266,9 +266,16 @@ def _cmd_demo(args) -> int:
     cfg = _load(str(CONFIG_DIR / "quickstart.yaml"))
     corpus = out / "corpus"
     t0 = time.perf_counter()
-    planted = build_demo_corpus(corpus)
+    if args.resume and (corpus / "PLANTED.json").is_file():  # rewriting it would make every stage rerun
+        import json
+
+        planted = json.loads((corpus / "PLANTED.json").read_text(encoding="utf-8"))
+        verb = "reused the corpus in"
+    else:
+        planted = build_demo_corpus(corpus)
+        verb = "wrote a corpus to"
     c = planted["counts"]
-    _log(f"demo: wrote a corpus to {corpus} in {time.perf_counter() - t0:.1f}s with {c['exact_duplicates']} planted exact "
+    _log(f"demo: {verb} {corpus} in {time.perf_counter() - t0:.1f}s with {c['exact_duplicates']} planted exact "
          f"duplicates, {c['near_duplicates']} near duplicates, {c['junk']} junk documents, {c['malformed']} malformed records")
     cfg.input.paths = [str(corpus)]
     if args.scheduler:

@@ -100,3 +100,14 @@ def test_tokenizer_train_command(tmp_path):
     bad = _run(["tokenizer", "train", str(tmp_path / "zh"), "--out", str(tmp_path / "t2"), "--vocab-size", "300",
                 "--character-coverage", "1.0"])
     assert bad.returncode == 2 and "raise tokenizer.train.vocab_size" in bad.stderr, bad.stderr[-1000:]
+
+
+def test_demo_resume_reuses_the_corpus_and_skips_finished_stages(demo_run):
+    out, _ = demo_run
+    before = json.loads((out / "shards" / "manifest.json").read_text())
+    proc = _run(["demo", "--out", str(out), "--resume", "--no-train"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "reused the corpus" in proc.stdout
+    assert proc.stdout.count("done in an earlier run (config unchanged)") == 8
+    after = json.loads((out / "shards" / "manifest.json").read_text())
+    assert [f["sha256"] for f in after["files"]] == [f["sha256"] for f in before["files"]]
