@@ -172,7 +172,7 @@ class Pipeline:
             self.doc_stages = ["read"]
             if self.job == "dedup":
                 # a dedup job keeps the original text: the dedup stages normalise only for hashing
-                last = self._dedup_stages("read", h, normalize_opts=cfg.normalize.model_dump())
+                last, h = self._dedup_stages("read", h, normalize_opts=cfg.normalize.model_dump())
                 build_ledger(self.stats, self.doc_stages)
                 self._export_dedup(last)
             else:
@@ -182,9 +182,9 @@ class Pipeline:
                             _docs_summary)
                 h = cfg.section_hash("filter", extra=h)
                 self._stage("filter", h, self._filter, _docs_summary)
-                last = self._dedup_stages("filter", h, normalize_opts=None)
+                last, h = self._dedup_stages("filter", h, normalize_opts=None)
                 build_ledger(self.stats, self.doc_stages)  # checked before the long tokenizer work starts
-                h = cfg.section_hash("tokenizer", extra=[self.last_hash, cfg.train.model.vocab_size])
+                h = cfg.section_hash("tokenizer", extra=[h, cfg.train.model.vocab_size])
                 self._stage("tokenize", h, lambda d: self._tokenize(d, last), _token_summary)
                 h = cfg.section_hash("pack", extra=h)
                 self._stage("pack", h, self._pack, _pack_summary)
@@ -209,8 +209,8 @@ class Pipeline:
         write_report(self.out, ledger, self.stats, self.extra, self.seconds, train_summary)
         return RunResult(self.out, ledger, self.stats, train_summary, self.skipped)
 
-    def _dedup_stages(self, last: str, h: str, normalize_opts: Optional[dict]) -> str:
-        """Exact then near-duplicate removal after stage `last`; returns the new last stage."""
+    def _dedup_stages(self, last: str, h: str, normalize_opts: Optional[dict]) -> tuple[str, str]:
+        """Exact then near-duplicate removal after stage `last`; returns the new last stage and its hash."""
         cfg = self.cfg
         if cfg.dedup.exact:
             h = cfg.section_hash("dedup", extra=[h, "exact", normalize_opts])
@@ -222,8 +222,7 @@ class Pipeline:
             self._stage("near_dedup", h, lambda d: self._near_dedup(d, last, normalize_opts), _docs_summary)
             self.doc_stages.append("near_dedup")
             last = "near_dedup"
-        self.last_hash = h
-        return last
+        return last, h
 
     # ---- stage bodies -------------------------------------------------------------------
     def _read(self, folder: Path, files: list[str]) -> dict:
@@ -426,10 +425,13 @@ class Pipeline:
         methods = pd.concat([near_dedup.node_methods(f) for f in edge_files], ignore_index=True)
         removed = removed.merge(methods.groupby("uid", as_index=False)["method"].min(), on="uid", how="left")
         uids, values = near_dedup.signature_lookup([rows[["uid", sig_col]]], sig_col)
-        removed["sig_a"] = list(near_dedup.lookup(uids, values, removed["uid"].to_numpy())) if sig_col == "minhash" \
-            else near_dedup.lookup(uids, values, removed["uid"].to_numpy()).view(np.int64)
-        removed["sig_b"] = list(near_dedup.lookup(uids, values, removed["duplicate_of"].to_numpy())) if sig_col == "minhash" \
-            else near_dedup.lookup(uids, values, removed["duplicate_of"].to_numpy()).view(np.int64)
+
+        def signatures_of(which: np.ndarray):
+            found = near_dedup.lookup(uids, values, which)
+            return list(found) if sig_col == "minhash" else found.view(np.int64)
+
+        removed["sig_a"] = signatures_of(removed["uid"].to_numpy())
+        removed["sig_b"] = signatures_of(removed["duplicate_of"].to_numpy())
         return near_dedup.finish_removed(removed, dc.minhash.threshold, 1.0 - dc.simhash.max_distance / 64.0)
 
     def _finish_near_dedup(self, folder: Path, parts: list[str], stats: dict) -> dict:
