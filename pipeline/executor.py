@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stages.base import DOC_SCHEMA, REMOVED_SCHEMA, BatchResult, write_table_atomic
+from stages.base import DOC_SCHEMA, REMOVED_SCHEMA, BatchResult, read_rows, read_table, write_table_atomic
 
 
 def _as_table(data: Any, schema: pa.Schema) -> pa.Table:
@@ -24,33 +24,35 @@ def _as_table(data: Any, schema: pa.Schema) -> pa.Table:
 
 
 def run_batch_part(fn: Callable[..., Any], in_path: str, out_dir: str, reader: str, kwargs: dict,
-                   rows: Optional[tuple[int, int]] = None, name: Optional[str] = None) -> dict:
+                   rows: Optional[tuple[int, int]] = None, name: Optional[str] = None, suffix: str = ".parquet") -> dict:
     """Read one part (or its rows [start, stop)), apply `fn`, write kept rows to `out_dir/<name>` and
     removed to `out_dir/removed/<name>`."""
     start = time.perf_counter()
-    table = pq.read_table(in_path)
-    if rows is not None:
-        table = table.slice(rows[0], rows[1] - rows[0])
+    table = read_table(in_path) if rows is None else read_rows(in_path, rows[0], rows[1])
     data = table if reader == "arrow" else table.to_pandas(types_mapper=pd.ArrowDtype)
     result = fn(data, **kwargs)
     extra = None
     if isinstance(result, tuple):
         result, extra = result
     assert isinstance(result, BatchResult)
-    name = name or Path(in_path).name
+    name = name or Path(in_path).stem + suffix
     write_table_atomic(_as_table(result.kept, DOC_SCHEMA), Path(out_dir) / name)
     if result.removed is not None and len(result.removed):
-        write_table_atomic(_as_table(result.removed, REMOVED_SCHEMA), Path(out_dir) / "removed" / name)
+        write_table_atomic(_as_table(result.removed, REMOVED_SCHEMA), Path(out_dir) / "removed" / (Path(name).stem + ".parquet"))
     stats = dict(result.stats)
     stats["task_seconds"] = time.perf_counter() - start
     return {"stats": stats, "extra": extra, "part": name}
 
 
-def sample_part(path: str, seed: int, rate: float, max_chars: int) -> list[str]:
-    """A deterministic sample of texts: a document is chosen when a seeded hash of its uid is small."""
+def sample_part(path: str, seed: int, rate: float, max_chars: int, first_row_group_only: bool = False) -> list[str]:
+    """A deterministic sample of texts: a document is chosen when a seeded hash of its uid is small.
+    `first_row_group_only` reads one row group (about 4 MB) instead of the whole part."""
     import xxhash
 
-    table = pq.read_table(path, columns=["uid", "text"])
+    if first_row_group_only:
+        table = pq.ParquetFile(path).read_row_group(0, columns=["uid", "text"])
+    else:
+        table = pq.read_table(path, columns=["uid", "text"])
     uids = table.column("uid").to_numpy()
     threshold = int(rate * (1 << 64))
     chosen = [i for i, u in enumerate(uids.tolist()) if xxhash.xxh3_64_intdigest(int(u).to_bytes(8, "little", signed=True), seed) < threshold]

@@ -91,11 +91,44 @@ def file_sha256(path: str) -> str:
 
 
 def write_table_atomic(table: pa.Table, path: Path) -> None:
-    """Write Parquet to a temporary name then rename, so a killed run never leaves half a part."""
+    """Write to a temporary name then rename, so a killed run never leaves half a part. `.arrow`
+    names get an uncompressed Arrow IPC file (memory-mapped by readers that pick rows out of it),
+    anything else Parquet with zstd."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp, compression="zstd")
+    if path.suffix == ".arrow":
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    else:
+        # row groups of about 4 MB, so a task that needs a slice of a part reads only its groups
+        rows = max(1024, int(table.num_rows * ROW_GROUP_BYTES / max(1, table.nbytes)))
+        pq.write_table(table, tmp, compression="zstd", row_group_size=rows)
     os.replace(tmp, path)
+
+
+ROW_GROUP_BYTES = 4 << 20
+
+
+def read_rows(path: str | Path, start: int, stop: int, columns: Optional[list[str]] = None) -> pa.Table:
+    """Rows [start, stop) of a Parquet part, reading only the row groups that hold them."""
+    pf = pq.ParquetFile(path)
+    meta = pf.metadata
+    bounds = [0]
+    for g in range(meta.num_row_groups):
+        bounds.append(bounds[-1] + meta.row_group(g).num_rows)
+    groups = [g for g in range(meta.num_row_groups) if bounds[g] < stop and bounds[g + 1] > start]
+    if not groups:
+        return pf.schema_arrow.empty_table().select(columns) if columns else pf.schema_arrow.empty_table()
+    table = pf.read_row_groups(groups, columns=columns)
+    return table.slice(start - bounds[groups[0]], stop - start)
+
+
+def read_table(path: str | Path, columns: Optional[list[str]] = None) -> pa.Table:
+    """A part written by `write_table_atomic`; Arrow IPC files are memory-mapped, not copied."""
+    if str(path).endswith(".arrow"):
+        table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+        return table.select(columns) if columns else table
+    return pq.read_table(path, columns=columns)
 
 
 def write_frame(df: pd.DataFrame, path: Path, schema: pa.Schema) -> None:

@@ -5,6 +5,7 @@ worker processes; sentencepiece's own threads barely help. Tokens leave as Arrow
 """
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from dataclasses import dataclass, field
@@ -214,18 +215,17 @@ def tokenize_batch(docs: pa.Table | pd.DataFrame, model_path: str, add_bos: bool
         texts, uids = docs.column("text").to_pylist(), docs.column("uid").to_numpy()
     else:
         texts, uids = docs["text"].tolist(), docs["uid"].to_numpy(dtype="int64")
-    lengths: list[int] = []
-    chunks: list[np.ndarray] = []
+    encoded: list[list[int]] = []
     for start in range(0, len(texts), batch_docs):
-        for ids in sp.encode(texts[start : start + batch_docs], out_type=int, add_bos=add_bos, add_eos=add_eos):
-            lengths.append(len(ids))
-            chunks.append(np.asarray(ids, dtype=np.int32))
-    values = np.concatenate(chunks) if chunks else np.empty(0, np.int32)
+        encoded.extend(sp.encode(texts[start : start + batch_docs], out_type=int, add_bos=add_bos, add_eos=add_eos))
+    # one pass over the Python ints into flat numpy arrays (no per-document array objects)
+    lengths = np.fromiter(map(len, encoded), dtype=np.int32, count=len(encoded))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
+    values = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int32, count=int(offsets[-1]))
     lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=pa.int32()))
     table = pa.Table.from_arrays(
-        [pa.array(np.asarray(uids, dtype=np.int64)), pa.array(np.asarray(lengths, dtype=np.int32)), lists],
+        [pa.array(np.asarray(uids, dtype=np.int64)), pa.array(lengths), lists],
         schema=TOKEN_SCHEMA,
     )
     stats = {"docs_in": len(texts), "docs_out": len(texts), "tokens": int(values.size), "chars": int(sum(map(len, texts)))}
