@@ -151,11 +151,19 @@ class PackConfig(_Section):
 
 
 class ShardConfig(_Section):
-    layout: Literal["per_rank"] = Field("per_rank", description="per_rank: a distinct file prefix per data-parallel rank.")
+    layout: Literal["per_rank", "global"] = Field(
+        "per_rank", description="per_rank: a folder and distinct file prefix per data-parallel rank; global: one set "
+        "corpus.mindrecordNN that MindDataset(num_shards=ranks, shard_id=rank) splits (stock mindformers).")
     ranks: int = Field(1, gt=0, description="Data-parallel ranks; every rank gets exactly the same number of samples.")
-    files_per_rank: int = Field(1, gt=0, description="MindRecord files per rank.")
+    files_per_rank: int = Field(1, gt=0, description="MindRecord files per rank (global: ranks x files_per_rank files in all).")
+    remainder: Literal["drop", "pad"] = Field(
+        "drop", description="Samples that do not divide evenly by ranks: drop them, or pad the ranks with copies of "
+        "the first shuffled samples (as distributed samplers do). Both are counted in the manifest.")
     seed: int = Field(0, description="Seed of the global sample shuffle.")
-    write_batch: int = Field(1000, gt=0, description="Rows per FileWriter.write_raw_data call.")
+    verify: Literal["count", "full"] = Field(
+        "count", description="Check each file as it is written: count its samples through MindDataset (FileWriter "
+        "silently drops rows), or full: also read and hash every sample. `corpusmill shards verify` always does full.")
+    write_batch: int = Field(1000, ge=1000, description="Rows per FileWriter.write_raw_data call (at least 1000: fewer, larger calls write faster).")
 
 
 class ClusterConfig(_Section):

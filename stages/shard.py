@@ -1,25 +1,24 @@
-"""Seeded global shuffle of packed windows into per-rank MindRecord files with equal sample counts.
+"""Seeded global shuffle of packed windows into MindRecord files with equal sample counts per rank.
 
-Every window gets its position in a seeded permutation of all windows; positions past
-`ranks * (windows // ranks)` are dropped (counted) so every rank holds exactly the same number of
-samples. Dask sorts the windows by position into one partition per output file (`set_index` with
-the file boundaries as divisions), and each partition is written by one `FileWriter` and then read
-back with `MindDataset`: FileWriter silently drops rows whose dtype or shape does not match, and
-MindRecord has no checksums, so rows are counted and hashed on the way in and on the way back.
+Every window gets its position in a seeded permutation of all windows; the remainder that does not
+divide by the ranks is dropped or padded with repeats (counted), so every rank holds exactly the
+same number of samples. One task per output file picks its windows, in position order, straight
+out of the memory-mapped packed parts (Arrow IPC in the shared run directory), writes them with its
+own `FileWriter` and counts them back through `MindDataset`:
+FileWriter silently drops rows whose dtype or shape does not match. MindRecord has no checksums,
+so the manifest carries a sha256 per file and a hash of the rows as meant to be written.
 """
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import xxhash
 
-from .base import file_sha256
+from .base import file_sha256, read_table
 
 SCHEMA_NAME = "corpusmill_pretrain"
 
@@ -34,20 +33,33 @@ class ShardPlan:
     ranks: int
     files_per_rank: int
     per_rank: int
-    dropped: int
+    dropped: int  # windows left out so that ranks are equal (remainder "drop")
+    repeated: int  # windows written twice so that ranks are equal (remainder "pad")
     file_bounds: list[int]  # positions where each file starts, plus the end
 
     @property
     def used(self) -> int:
         return self.per_rank * self.ranks
 
+    @property
+    def files(self) -> int:
+        return self.ranks * self.files_per_rank
+
     def file_of(self, index: int) -> tuple[int, int]:
         return divmod(index, self.files_per_rank)
 
 
-def plan_shards(total_windows: int, ranks: int, files_per_rank: int) -> ShardPlan:
-    """Equal samples per rank; files of a rank differ by at most one sample."""
-    per_rank = total_windows // ranks
+def plan_shards(total_windows: int, ranks: int, files_per_rank: int, remainder: str = "drop") -> ShardPlan:
+    """Equal samples per rank; files of a rank differ by at most one sample.
+
+    The `total % ranks` windows that do not divide evenly are dropped (`drop`), or the ranks are
+    filled up with copies of the first windows of the shuffled order (`pad`, as MindSpore's and
+    PyTorch's distributed samplers do), so no real data is lost and no sample is made of padding."""
+    if remainder not in ("drop", "pad"):
+        raise ShardError(f"unknown remainder policy {remainder!r}: use 'drop' or 'pad'")
+    per_rank = total_windows // ranks if remainder == "drop" else -(-total_windows // ranks)
+    if remainder == "pad" and total_windows and per_rank * ranks - total_windows > total_windows:
+        raise ShardError(f"only {total_windows} samples for {ranks} ranks: padding would repeat samples more than once")
     if per_rank < files_per_rank:
         raise ShardError(
             f"only {total_windows} samples for {ranks} ranks x {files_per_rank} files: every file needs at least "
@@ -58,7 +70,8 @@ def plan_shards(total_windows: int, ranks: int, files_per_rank: int) -> ShardPla
         for f in range(files_per_rank):
             bounds.append(r * per_rank + (f * per_rank) // files_per_rank)
     bounds.append(ranks * per_rank)
-    return ShardPlan(total_windows, ranks, files_per_rank, per_rank, total_windows - ranks * per_rank, bounds)
+    return ShardPlan(total_windows, ranks, files_per_rank, per_rank, max(0, total_windows - ranks * per_rank),
+                     max(0, ranks * per_rank - total_windows), bounds)
 
 
 def positions(total_windows: int, seed: int) -> np.ndarray:
@@ -69,42 +82,94 @@ def positions(total_windows: int, seed: int) -> np.ndarray:
     return inv
 
 
-def load_windows(path: str, pos: np.ndarray, used: int) -> pd.DataFrame:
-    """One packed part with each window's shuffle position; windows past `used` are left out.
+@dataclass
+class Windows:
+    """Packed windows with their shuffle positions: pos (n,), ids (n, window) int32, n_pad (n,)."""
 
-    A window travels through Dask's shuffle as one Arrow binary value (its int32 ids, little
-    endian): Arrow-native, so no per-row pickling, and a type Dask's P2P shuffle can carry.
-    """
-    table = pq.read_table(path, columns=["input_ids", "n_pad"])
-    keep = pos < used
-    table = table.filter(pa.array(keep))
+    pos: np.ndarray
+    ids: np.ndarray
+    n_pad: np.ndarray
+
+    def take(self, index: np.ndarray) -> "Windows":
+        return Windows(self.pos[index], self.ids[index], self.n_pad[index])
+
+
+def count_windows(path: str) -> int:
+    """Windows in one packed part (metadata only)."""
+    return read_table(path, columns=["n_pad"]).num_rows
+
+
+def _part_windows(path: str) -> Windows:
+    """A packed part as (ids, n_pad) numpy views of its memory-mapped Arrow IPC file (positions unset)."""
+    table = read_table(path, columns=["input_ids", "n_pad"])
     ids = table.column("input_ids").combine_chunks()
-    window = ids.type.list_size
-    flat = np.ascontiguousarray(ids.flatten().to_numpy(zero_copy_only=False), dtype="<i4")
-    n = len(ids)
-    offsets = (np.arange(n + 1, dtype=np.int64) * window * 4).astype(np.int32)
-    binary = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(flat)])
-    return pd.DataFrame(
-        {
-            "pos": pos[keep],
-            "n_pad": table.column("n_pad").to_numpy(),
-            "input_ids": pd.array(binary, dtype=pd.ArrowDtype(pa.binary())),
-        }
-    )
+    matrix = ids.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False).reshape(len(ids), ids.type.list_size)
+    return Windows(np.empty(0, np.int64), matrix, table.column("n_pad").to_numpy().astype(np.int32, copy=False))
 
 
-def windows_of(part: pd.DataFrame, window: int) -> np.ndarray:
-    """The (rows, window) int32 matrix of a frame made by `load_windows`."""
-    blobs = part["input_ids"].tolist()
-    if not blobs:
-        return np.empty((0, window), np.int32)
-    return np.frombuffer(b"".join(blobs), dtype="<i4").astype(np.int32).reshape(len(blobs), -1)
+def gather_positions(parts: list[str], slices: list[np.ndarray], start: int, end: int, used: int, total: int,
+                     window: int) -> Windows:
+    """The windows at shuffle positions start..end-1, in position order. `slices[i][j]` is the
+    position of window j of part i. Positions `total..used-1` (remainder "pad") repeat the windows at
+    positions `0..used-total-1`. Parts are memory-mapped Arrow IPC files, so a file's task reads only
+    its own rows: the global shuffle costs one copy per window and no shuffle round."""
+    out = Windows(np.full(end - start, -1, np.int64), np.empty((end - start, window), np.int32),
+                  np.zeros(end - start, np.int32))
+    repeat = used - total
+    for path, pos in zip(parts, slices):
+        chosen = [np.flatnonzero((pos >= start) & (pos < end) & (pos < used))]
+        targets = [pos[chosen[0]]]
+        if repeat > 0:
+            again = np.flatnonzero((pos < repeat) & (pos + total >= start) & (pos + total < end))
+            chosen.append(again)
+            targets.append(pos[again] + total)
+        index, at = np.concatenate(chosen), np.concatenate(targets)
+        if not len(index):
+            continue
+        part = _part_windows(path)
+        if part.ids.shape[1] != window:
+            raise ShardError(f"{path}: windows of {part.ids.shape[1]} ids, expected {window}")
+        out.pos[at - start] = at
+        out.ids[at - start] = part.ids[index]
+        out.n_pad[at - start] = part.n_pad[index]
+    if (out.pos != np.arange(start, end)).any():
+        raise ShardError(f"positions {start}..{end - 1}: {int((out.pos < 0).sum())} have no window in the packed parts")
+    return out
 
 
-def file_name(rank: int, file_index: int) -> str:
-    """A folder and a distinct file prefix per rank. Names end in `.mindrecord`: stock mindformers
-    collects exactly those when `dataset_dir` names a folder (the whole set, or one rank's folder)."""
-    return f"rank-{rank:04d}/corpus-r{rank:04d}-f{file_index:02d}.mindrecord"
+LAYOUTS = ("per_rank", "global")
+
+
+def file_name(layout: str, rank: int, file_index: int, files_per_rank: int, ranks: int) -> str:
+    """Where file `file_index` of `rank` goes.
+
+    per_rank: a folder and a distinct file prefix per rank, names ending in `.mindrecord` (stock
+    mindformers collects those under `dataset_dir`: the whole set, or one rank's folder).
+    global: one prefix for the whole set, `corpus.mindrecord` + a zero-padded file number, the
+    names FileWriter's own parallel writer gives; mindformers' loader collects `mindrecord\\d*$`.
+    """
+    if layout == "per_rank":
+        return f"rank-{rank:04d}/corpus-r{rank:04d}-f{file_index:02d}.mindrecord"
+    if layout == "global":
+        n = ranks * files_per_rank
+        return f"corpus.mindrecord{rank * files_per_rank + file_index:0{len(str(n - 1))}d}"
+    raise ShardError(f"unknown shard layout {layout!r}: use one of {', '.join(LAYOUTS)}")
+
+
+def warm_up_writer() -> float:
+    """Import MindSpore's MindRecord writer and reader and use both once on a one-row file (about
+    2-3 s the first time in a process: the import, then the first FileWriter and MindDataset each
+    initialise native state). Run once per worker before the write tasks, so that this one-off
+    cost is measured apart from the writing; returns its seconds."""
+    import tempfile
+    import time
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="corpusmill-warmup-") as tmp:
+        path = os.path.join(tmp, "warmup.mindrecord")
+        one = Windows(np.zeros(1, np.int64), np.zeros((1, 2), np.int32), np.zeros(1, np.int32))
+        write_mindrecord(one, path, 2, 1000)
+    return time.perf_counter() - start
 
 
 def _row_digest(row: np.ndarray) -> int:
@@ -114,20 +179,22 @@ def _row_digest(row: np.ndarray) -> int:
 IGNORE_INDEX = -100  # mindformers' label for positions that carry no loss
 
 
-def write_mindrecord(part: pd.DataFrame, path: str, window: int, write_batch: int, labels: bool = False) -> dict[str, Any]:
-    """Write one file's samples (sorted by position) and verify them by reading back. With `labels`,
-    a `labels` column repeats the ids with IGNORE_INDEX on each sample's trailing padding."""
+def write_mindrecord(part: Windows, path: str, window: int, write_batch: int, labels: bool = False,
+                     verify: str = "count") -> dict[str, Any]:
+    """Write one file's samples (in position order), then check what MindDataset reads back:
+    `count` compares the number of samples (FileWriter silently drops rows that do not match the
+    schema), `full` also reads and hashes every sample. Either way the manifest gets a content hash
+    of the rows as meant, so `corpusmill shards verify` can check the contents later. With
+    `labels`, a `labels` column repeats the ids with IGNORE_INDEX on each sample's trailing padding."""
     from mindspore.mindrecord import FileWriter  # heavy import, only where files are written
 
-    part = part.sort_index()
-    matrix = windows_of(part, window)
-    if matrix.shape[1:] != (window,) and len(matrix):
-        raise ShardError(f"{path}: samples hold {matrix.shape[1]} ids, expected {window}")
-    rows = list(matrix)
+    matrix = part.ids
+    if matrix.shape[1:] != (window,):
+        raise ShardError(f"{path}: samples hold {matrix.shape[1:]} ids, expected ({window},)")
+    rows = list(matrix)  # row views, no copies
     if labels:
-        n_pad = part["n_pad"].to_numpy()
         masked = matrix.copy()
-        masked[np.arange(window)[None, :] >= (window - n_pad)[:, None]] = IGNORE_INDEX
+        masked[np.arange(window)[None, :] >= (window - part.n_pad)[:, None]] = IGNORE_INDEX
         label_rows = list(masked)
     digest_in = sum(_row_digest(r) for r in rows) % (1 << 64)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -152,21 +219,45 @@ def write_mindrecord(part: pd.DataFrame, path: str, window: int, write_batch: in
     writer.commit()
     for f in (path, path + ".db"):
         os.chmod(f, 0o644)  # FileWriter creates 0600 files; training jobs often run as another user
-    count, digest_out = read_back(path, window)
+    if verify == "full":
+        count, digest_out = read_back(path, window)
+    else:
+        count, digest_out = count_samples(path), digest_in
     if count != len(rows) or digest_out != digest_in:
         raise ShardError(
             f"{path}: wrote {len(rows)} samples but read back {count}"
             + ("" if count != len(rows) else " with different contents")
         )
+    pad = int(part.n_pad.sum())
     return {
         "samples": len(rows),
         "rows_xxh3_sum": digest_in,
-        "tokens": int(len(rows) * window - part["n_pad"].sum()),
-        "pad_tokens": int(part["n_pad"].sum()),
+        "tokens": int(len(rows) * window - pad),
+        "pad_tokens": pad,
         "sha256": file_sha256(path),
         "db_sha256": file_sha256(path + ".db"),
         "bytes": os.path.getsize(path) + os.path.getsize(path + ".db"),
     }
+
+
+def gather_and_write(parts: list[str], counts: list[int], seed: int, start: int, end: int, used: int, path: str,
+                     window: int, write_batch: int, labels: bool, verify: str) -> dict[str, Any]:
+    """One output file's task: pick its windows (positions start..end-1) out of the memory-mapped
+    packed parts and write them. The seeded permutation is recomputed here (milliseconds) rather
+    than shipped as a shared input, which would pull every task to the worker holding it."""
+    total = int(sum(counts))
+    inv = positions(total, seed)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    slices = [inv[offsets[i]:offsets[i + 1]] for i in range(len(parts))]
+    part = gather_positions(parts, slices, start, end, used, total, window)
+    return write_mindrecord(part, path, window, write_batch, labels, verify)
+
+
+def count_samples(path: str) -> int:
+    """Samples in one MindRecord file, as MindDataset sees them (from its index and header)."""
+    import mindspore.dataset as ds
+
+    return ds.MindDataset([path], columns_list=["input_ids"], shuffle=False).get_dataset_size()
 
 
 def read_back(path: str, window: int) -> tuple[int, int]:
@@ -175,16 +266,22 @@ def read_back(path: str, window: int) -> tuple[int, int]:
     return count, digest
 
 
-def mindformers_snippet(shards_dir: str, sample_length: int, columns: list[str], eod_token_id: Optional[int]) -> str:
+def mindformers_snippet(shards_dir: str, layout: str, sample_length: int, columns: list[str],
+                        eod_token_id: Optional[int]) -> str:
     """A `train_dataset` section stock mindformers reads as it is (its MindDataset loader collects
-    every `*.mindrecord` under `dataset_dir` and splits them with num_shards = data parallel)."""
+    the MindRecord files under `dataset_dir` and splits their samples with num_shards = data
+    parallel, shard_id = rank)."""
     import json
 
     eod = "" if eod_token_id is None else (
         f"  eod_reset: True  # documents are packed together: reset attention and positions at EOS\n"
         f"  eod_token_id: {eod_token_id}\n")
+    where = (f"# For one rank's files only, point dataset_dir at {shards_dir}/rank-NNNN." if layout == "per_rank" else
+             "# Files are corpus.mindrecordNN, each with its own header (as FileWriter's parallel writer makes\n"
+             "# them): give MindDataset the list of files (dataset_dir does), not one file name.")
     return f"""# Paste into a mindformers pretraining YAML. Samples are `input_ids` of {sample_length} int32
-# (seq_length + 1). For one rank's files only, point dataset_dir at {shards_dir}/rank-NNNN.
+# (seq_length + 1). num_parallel_workers must not exceed the training host's CPU count.
+{where}
 train_dataset: &train_dataset
   data_loader:
     type: MindDataset
@@ -242,13 +339,36 @@ def verify_shard_dir(shards_dir: str) -> tuple[list[str], dict]:
             problems.append(f"{entry['path']}: token id {top} is not below the vocabulary size {vocab}")
         max_id = max(max_id, top)
         per_rank[entry["rank"]] = per_rank.get(entry["rank"], 0) + count
-    expected = manifest["samples_per_rank"]
-    for rank in range(manifest["ranks"]):
-        if per_rank.get(rank, 0) != expected and not any(p for p in problems if f"rank-{rank:04d}/" in p):
-            problems.append(f"rank {rank}: {per_rank.get(rank, 0)} samples, expected {expected}")
-    totals = {"files": len(manifest["files"]), "samples": sum(per_rank.values()), "ranks": manifest["ranks"],
+    expected, ranks = manifest["samples_per_rank"], manifest["ranks"]
+    if manifest.get("layout", "per_rank") == "per_rank":
+        for rank in range(ranks):
+            if per_rank.get(rank, 0) != expected and not any(p for p in problems if f"rank-{rank:04d}/" in p):
+                problems.append(f"rank {rank}: {per_rank.get(rank, 0)} samples, expected {expected}")
+    elif not problems:
+        # global: the ranks are MindDataset's own split of the file list (num_shards, shard_id)
+        per_rank = global_rank_sizes([os.path.join(root, e["path"]) for e in manifest["files"]], ranks)
+        if set(per_rank.values()) != {expected}:
+            problems.append(f"MindDataset(num_shards={ranks}) gives ranks {per_rank} samples, expected {expected} each")
+    listed = {os.path.normpath(e["path"]) for e in manifest["files"]}
+    for r, _, names in os.walk(root):
+        for name in names:
+            rel = os.path.normpath(os.path.relpath(os.path.join(r, name), root))
+            if MINDRECORD_NAME.search(name) and rel not in listed:
+                problems.append(f"{rel}: a MindRecord file the manifest does not list (mindformers' dataset_dir would read it)")
+    totals = {"files": len(manifest["files"]), "samples": sum(per_rank.values()), "ranks": ranks,
               "samples_per_rank": per_rank, "max_token_id": max_id, "vocab_size": vocab}
     return problems, totals
+
+
+MINDRECORD_NAME = re.compile(r"\.mindrecord\d*$")  # what mindformers' loader collects under dataset_dir
+
+
+def global_rank_sizes(files: list[str], ranks: int) -> dict[int, int]:
+    """Samples per rank when MindDataset splits these files with num_shards=ranks."""
+    import mindspore.dataset as ds
+
+    return {r: ds.MindDataset(files, columns_list=["input_ids"], num_shards=ranks, shard_id=r, shuffle=False)
+            .get_dataset_size() for r in range(ranks)}
 
 
 def _read_all(path: str, window: int) -> tuple[int, int, int]:

@@ -13,6 +13,7 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.runner import Pipeline
+from stages.base import read_table
 from tests.conftest import write_jsonl
 
 WORDS = ("data model token corpus shard rank train window quality filter python river bread stone light "
@@ -120,22 +121,22 @@ def test_shards_equal_per_rank_and_hold_every_kept_token(run):
     assert all(r.dtype == np.int32 and r.shape == (window,) for rows in per_rank.values() for r in rows)
 
     # packing is lossless: each part's windows followed by its tail reproduce its documents' tokens
-    tok_parts = sorted((out / "05-tokenize").glob("part-*.parquet"))
+    tok_parts = sorted((out / "05-tokenize").glob("part-*.arrow"))
     eos = manifest["tokenizer"]["eos_id"]
     tails, packed = [], []
     for tp in tok_parts:
-        t = pq.read_table(tp).sort_by("uid")
+        t = read_table(tp).sort_by("uid")
         docs = t.column("input_ids").to_pylist()
         assert all(d[-1] == eos for d in docs)  # EOS ends every document
         stream = np.concatenate([np.asarray(d, np.int32) for d in docs]) if docs else np.empty(0, np.int32)
-        windows = pq.read_table(out / "06-pack" / tp.name).column("input_ids").to_pylist()
+        windows = read_table(out / "06-pack" / f"{tp.stem}.arrow").column("input_ids").to_pylist()
         body = np.asarray(windows, np.int32).reshape(-1)
         assert np.array_equal(stream[: len(body)], body)
         tails.append(stream[len(body):])
         packed.extend(tuple(w) for w in windows)
     tail_stream = np.concatenate(tails)
-    tail_path = out / "06-pack" / "part-tail.parquet"
-    tail_windows = pq.read_table(tail_path).column("input_ids").to_pylist() if tail_path.exists() else []
+    tail_path = out / "06-pack" / "part-tail.arrow"
+    tail_windows = read_table(tail_path).column("input_ids").to_pylist() if tail_path.exists() else []
     assert np.array_equal(np.asarray(tail_windows, np.int32).reshape(-1), tail_stream[: len(tail_windows) * window])
     packed.extend(tuple(w) for w in tail_windows)
     ledger = json.loads((out / "ledger.json").read_text())
@@ -307,3 +308,63 @@ def test_padded_pack_modes_write_masked_labels(run, dask_client, tmp_path, mode)
     snippet = yaml.safe_load((shards / "mindformers_train_dataset.yaml").read_text())["train_dataset"]
     assert snippet["input_columns"] == ["input_ids", "labels"]
     assert ("eod_reset" in snippet) == (mode == "best_fit")
+
+
+def test_global_layout_with_pad_remainder_is_split_equally_by_minddataset(run, dask_client, tmp_path):
+    """Only the shard stage reruns (resume on a copy); stock mindformers' file collection and
+    MindDataset(num_shards, shard_id) give every rank the same count, and the trainer reads its share."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    import mindspore.dataset as ds
+    import yaml
+
+    from trainer.train import train
+
+    out = tmp_path / "out"
+    shutil.copytree(run["out"], out)
+    windows = sum(read_table(p).num_rows for p in (out / "06-pack").glob("part-*.arrow"))
+    ranks = next(r for r in (3, 5, 7, 11, 13) if windows % r)  # so the remainder policy is exercised
+    as_run = yaml.safe_load((out / "config.yaml").read_text())  # the copy's own config: only shard changes
+    as_run["shard"].update({"layout": "global", "ranks": ranks, "files_per_rank": 2, "remainder": "pad"})
+    cfg = parse_config(as_run)
+    result = Pipeline(cfg, out, resume=True, client=dask_client, log=lambda m: None).run()
+    assert result.skipped[-1] == "pack"
+    shards = out / "shards"
+    manifest = json.loads((shards / "manifest.json").read_text())
+    assert windows == manifest["total_samples"] - manifest["repeated_samples"]
+    assert manifest["repeated_samples"] == ranks - windows % ranks and manifest["dropped_samples"] == 0
+    assert manifest["layout"] == "global" and all(e["rank"] is None for e in manifest["files"])
+
+    # mindformers: every file under dataset_dir matching mindrecord\d*$, sorted, as one list
+    pattern = re.compile(r"mindrecord\d*$")
+    files = sorted(os.path.join(r, f) for r, _, fs in os.walk(shards) for f in fs if pattern.findall(f))
+    width = len(str(ranks * 2 - 1))
+    assert [os.path.basename(f) for f in files] == [f"corpus.mindrecord{i:0{width}d}" for i in range(ranks * 2)]
+    seen = []
+    for rank in range(ranks):
+        data = ds.MindDataset(files, columns_list=["input_ids"], num_shards=ranks, shard_id=rank, shuffle=True)
+        rows = [tuple(r[0].tolist()) for r in data.create_tuple_iterator(output_numpy=True, num_epochs=1)]
+        assert len(rows) == manifest["samples_per_rank"]
+        seen.extend(rows)
+    packed = [tuple(r) for p in sorted((out / "06-pack").glob("part-*.arrow"))
+              for r in read_table(p).column("input_ids").to_pylist()]
+    assert sum((collections.Counter(seen) - collections.Counter(packed)).values()) == manifest["repeated_samples"]
+    assert set(seen) == set(packed)  # every packed window is on some rank; the repeats are copies of real ones
+
+    ok = subprocess.run([sys.executable, "-m", "pipeline.cli", "shards", "verify", str(shards)],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    stray = tmp_path / "stray"
+    shutil.copytree(shards, stray)
+    shutil.copyfile(stray / "corpus.mindrecord0", stray / "old.mindrecord7")
+    bad = subprocess.run([sys.executable, "-m", "pipeline.cli", "shards", "verify", str(stray)],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "old.mindrecord7: a MindRecord file the manifest does not list" in bad.stderr
+
+    tcfg = cfg.train.model_copy(update={"steps": 2, "batch_size": 2, "rank": 2})
+    summary = train(str(shards), str(tmp_path / "train"), tcfg, log=lambda m: None)
+    assert summary["steps"] == 2

@@ -1,9 +1,12 @@
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
+from stages.base import write_table_atomic
 from stages.pack import windows_table
-from stages.shard import ShardError, load_windows, plan_shards, positions, read_back, write_mindrecord
+from stages.shard import (
+    MINDRECORD_NAME, ShardError, count_samples, count_windows, file_name, gather_positions, plan_shards, positions,
+    read_back, write_mindrecord,
+)
 
 
 def test_plan_gives_every_rank_the_same_count():
@@ -21,18 +24,73 @@ def test_positions_are_a_seeded_permutation():
     assert np.array_equal(inv, positions(1000, seed=3)) and not np.array_equal(inv, positions(1000, seed=4))
 
 
+def _pack_parts(tmp_path, sizes: list[int], window: int) -> list[str]:
+    """Packed parts holding windows 0, 1, 2, ... in order; window g is ids g*window .. g*window+window-1."""
+    paths, start = [], 0
+    for i, n in enumerate(sizes):
+        path = tmp_path / f"part-{i:05d}.arrow"
+        write_table_atomic(windows_table(np.arange(start * window, (start + n) * window, dtype=np.int32), window), path)
+        paths.append(str(path))
+        start += n
+    return paths
+
+
+def _slices(inv, sizes):
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    return [inv[bounds[i]:bounds[i + 1]] for i in range(len(sizes))]
+
+
+def test_every_file_gets_its_positions_in_order_from_the_memory_mapped_parts(tmp_path):
+    window, sizes = 3, [10, 13]
+    parts = _pack_parts(tmp_path, sizes, window)
+    assert [count_windows(p) for p in parts] == sizes
+    plan = plan_shards(23, ranks=2, files_per_rank=2)  # 22 used, 1 dropped
+    inv = positions(23, seed=1)
+    seen = []
+    for f in range(4):
+        got = gather_positions(parts, _slices(inv, sizes), plan.file_bounds[f], plan.file_bounds[f + 1], plan.used, 23, window)
+        assert got.pos.tolist() == list(range(plan.file_bounds[f], plan.file_bounds[f + 1]))
+        assert all(inv[row[0] // window] == p for row, p in zip(got.ids, got.pos))  # window g sits at position inv[g]
+        seen.extend(row[0] // window for row in got.ids)
+    assert sorted(seen) == sorted(g for g in range(23) if inv[g] < 22)
+
+
+def test_pad_remainder_repeats_the_first_shuffled_windows(tmp_path):
+    plan = plan_shards(103, ranks=4, files_per_rank=3, remainder="pad")
+    assert plan.per_rank == 26 and plan.repeated == 1 and plan.dropped == 0 and plan.used == 104
+    with pytest.raises(ShardError, match="more than once"):
+        plan_shards(2, ranks=5, files_per_rank=1, remainder="pad")
+    window, sizes = 5, [4, 6]
+    parts = _pack_parts(tmp_path, sizes, window)
+    inv = np.array([3, 0, 9, 1, 7, 2, 8, 4, 6, 5], dtype=np.int64)
+    got = gather_positions(parts, _slices(inv, sizes), 0, 12, used=12, total=10, window=window)
+    assert got.pos.tolist() == list(range(12))
+    # positions 10 and 11 repeat positions 0 and 1 (windows 1 and 3)
+    assert np.array_equal(got.ids[10], got.ids[0]) and np.array_equal(got.ids[11], got.ids[1])
+    assert got.ids[0][0] == 1 * window and got.ids[1][0] == 3 * window
+    with pytest.raises(ShardError, match="have no window"):
+        gather_positions(parts, _slices(inv, sizes), 0, 11, used=10, total=10, window=window)
+
+
 def test_write_and_read_back_through_minddataset(tmp_path):
     import mindspore.dataset as ds
 
     window = 17
-    flat = np.arange(40 * window, dtype=np.int32)
-    pq.write_table(windows_table(flat, window), tmp_path / "part.parquet")
-    pos = np.arange(40, dtype=np.int64)[::-1].copy()
-    part = load_windows(str(tmp_path / "part.parquet"), pos, used=30).set_index("pos")
-    stats = write_mindrecord(part, str(tmp_path / "f.mindrecord0"), window, write_batch=7)
+    parts = _pack_parts(tmp_path, [40], window)
+    inv = np.arange(40, dtype=np.int64)[::-1].copy()
+    part = gather_positions(parts, [inv], 0, 30, used=30, total=40, window=window)
+    stats = write_mindrecord(part, str(tmp_path / "f.mindrecord0"), window, write_batch=7, verify="full")
     assert stats["samples"] == 30 and stats["tokens"] == 30 * window and len(stats["sha256"]) == 64
     rows = [r[0] for r in ds.MindDataset([str(tmp_path / "f.mindrecord0")], shuffle=False).create_tuple_iterator(output_numpy=True)]
     # written in position order: position p holds window 39 - p
     assert [int(r[0]) for r in rows] == [(39 - p) * window for p in range(30)]
     assert all(r.dtype == np.int32 and r.shape == (window,) for r in rows)
-    assert read_back(str(tmp_path / "f.mindrecord0"), window)[0] == 30
+    assert read_back(str(tmp_path / "f.mindrecord0"), window)[0] == 30 == count_samples(str(tmp_path / "f.mindrecord0"))
+
+
+def test_file_names_per_layout_are_what_mindformers_collects():
+    assert file_name("per_rank", 1, 0, 2, 4) == "rank-0001/corpus-r0001-f00.mindrecord"
+    names = [file_name("global", r, f, 3, 4) for r in range(4) for f in range(3)]
+    assert names[0] == "corpus.mindrecord00" and names[-1] == "corpus.mindrecord11" and len(set(names)) == 12
+    assert all(MINDRECORD_NAME.search(n) for n in names)
+    assert not MINDRECORD_NAME.search("corpus.mindrecord00.db")

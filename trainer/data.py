@@ -39,20 +39,28 @@ def check_model_fits(manifest: dict[str, Any], seq_length: Optional[int], vocab_
     return m_seq, vocab_size or m_vocab
 
 
-def rank_files(manifest: dict[str, Any], shards_dir: str, rank: int) -> list[str]:
+def rank_files(manifest: dict[str, Any], shards_dir: str, rank: int) -> tuple[list[str], dict[str, int]]:
+    """The files rank `rank` opens and the MindDataset sharding arguments it passes.
+
+    per_rank: only the rank's own files, no further split. global: every file of the set, split
+    by MindDataset itself with num_shards = ranks, shard_id = rank (as stock mindformers does)."""
     ranks = manifest["ranks"]
     if not 0 <= rank < ranks:
         raise ShardMismatch(f"rank {rank} does not exist: the shards were written for {ranks} ranks")
-    return [os.path.join(shards_dir, e["path"]) for e in manifest["files"] if e["rank"] == rank]
+    if manifest.get("layout", "per_rank") == "global":
+        return [os.path.join(shards_dir, e["path"]) for e in manifest["files"]], {"num_shards": ranks, "shard_id": rank}
+    return [os.path.join(shards_dir, e["path"]) for e in manifest["files"] if e["rank"] == rank], {}
 
 
-def rank_dataset(files: list[str], batch_size: int, num_parallel_workers: int, shuffle: bool, seed: int):
-    """Batches of `input_ids` from one rank's files (a list of files, not a prefix)."""
+def rank_dataset(files: list[str], sharding: dict[str, int], batch_size: int, num_parallel_workers: int,
+                 shuffle: bool, seed: int):
+    """Batches of `input_ids` from one rank's share (a list of files, never a single prefix)."""
     import mindspore.dataset as ds
 
     cpus = os.cpu_count() or 1
     if num_parallel_workers > cpus:
         raise ShardMismatch(f"num_parallel_workers {num_parallel_workers} exceeds the {cpus} CPUs (MindSpore refuses)")
     ds.config.set_seed(seed)
-    data = ds.MindDataset(files, columns_list=["input_ids"], shuffle=shuffle, num_parallel_workers=num_parallel_workers)
+    data = ds.MindDataset(files, columns_list=["input_ids"], shuffle=shuffle, num_parallel_workers=num_parallel_workers,
+                          **sharding)
     return data.batch(batch_size, drop_remainder=True)

@@ -34,7 +34,7 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
 
     manifest = load_manifest(shards_dir)
     seq_length, vocab_size = check_model_fits(manifest, tcfg.model.seq_length, tcfg.model.vocab_size)
-    files = rank_files(manifest, shards_dir, tcfg.rank)
+    files, sharding = rank_files(manifest, shards_dir, tcfg.rank)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -77,7 +77,7 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
         optimizer(grads)
         return loss, norm
 
-    data = rank_dataset(files, tcfg.batch_size, tcfg.num_parallel_workers, tcfg.shuffle, tcfg.seed)
+    data = rank_dataset(files, sharding, tcfg.batch_size, tcfg.num_parallel_workers, tcfg.shuffle, tcfg.seed)
     per_epoch = data.get_dataset_size()
     if per_epoch == 0:
         raise ValueError(
@@ -85,7 +85,8 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
         )
     batches = data.repeat().create_tuple_iterator(num_epochs=1)
     log(
-        f"train: rank {tcfg.rank}, {len(files)} files, {manifest['samples_per_rank']} samples, "
+        f"train: rank {tcfg.rank}, {len(files)} files ({manifest.get('layout', 'per_rank')} layout), "
+        f"{manifest['samples_per_rank']} samples, "
         f"model {shape.num_layers}x{shape.hidden_size} vocab {vocab_size} seq {seq_length}, {tcfg.steps} steps"
     )
     metrics_path = out / "metrics.jsonl"
