@@ -110,7 +110,7 @@ def main() -> int:
     cfg = args.work / "config.yaml"
     cfg.write_text(json.dumps({
         "input": {"paths": [str(args.work / "corpus")]},
-        "filter": {"min_chars": 0},
+        "filter": {"length": {"min_chars": 0}},
         "dedup": {"exact": False, "minhash": {"enabled": False}},
         "tokenizer": {"model": args.tokenizer},
         "pack": {"seq_length": 2048},

@@ -35,6 +35,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="use a running Dask scheduler (tcp://HOST:8786) instead of cluster.address / a LocalCluster")
     run.add_argument("--train", dest="train", action="store_true", default=None, help="train after sharding (train.enabled)")
     run.add_argument("--no-train", dest="train", action="store_false", help="do not train, whatever the config says")
+    run.add_argument("--sample", type=float, metavar="FRACTION",
+                     help="run on a seeded sample of the documents (e.g. 0.01; input.sample) through the same code path; "
+                     "the report projects the full run's figures")
 
     demo = sub.add_parser("demo", help="build a local demo corpus, run the whole pipeline on it, train a tiny model",
                           description="Build a bilingual demo corpus (no download) with planted duplicates, junk and "
@@ -61,6 +64,8 @@ def _build_parser() -> argparse.ArgumentParser:
     dedup.add_argument("--config", help="YAML config: its input (fields), normalize, dedup and cluster sections apply")
     dedup.add_argument("--resume", action="store_true", help="skip stages finished by an earlier run into --out")
     dedup.add_argument("--scheduler", metavar="ADDRESS", help="use a running Dask scheduler instead of a LocalCluster")
+    dedup.add_argument("--sample", type=float, metavar="FRACTION",
+                       help="dedup a seeded sample of the documents (input.sample); the report projects the full run")
 
     train = sub.add_parser("train", help="train on shards a run produced",
                            description="Train the decoder on one rank's files of a shard directory; writes "
@@ -110,6 +115,21 @@ def _build_parser() -> argparse.ArgumentParser:
     show = config_sub.add_parser("show", help="print CONFIG fully resolved, every default filled in",
                                  description="Validate CONFIG and print it with every default filled in.")
     show.add_argument("config", help="YAML config to resolve")
+    diff = config_sub.add_parser("diff", help="show what differs between two configs or two runs' configs",
+                                 description="Resolve A and B (YAML configs, or run directories: their config.yaml) "
+                                 "with every default filled in and print each key whose value differs. Exit code 1 "
+                                 "when they differ, 0 when they are the same.")
+    diff.add_argument("a", help="a YAML config or a run directory")
+    diff.add_argument("b", help="a YAML config or a run directory")
+
+    doctor = sub.add_parser("doctor", help="check the environment (and a config) before a run",
+                            description="Python and package versions against the pins, mindspore.run_check(), the "
+                            "device, CPUs vs Dask workers and num_parallel_workers, free memory and disk vs what the "
+                            "config needs, the Dask scheduler, the tokenizer and input files. Each check prints ok, "
+                            "warning or error with the fix; exit code 1 on any error.")
+    doctor.add_argument("--config", help="YAML config to check against")
+    doctor.add_argument("--out", help="the run directory the config would write (for the disk check; default .)")
+    doctor.add_argument("--skip-mindspore", action="store_true", help="skip mindspore.run_check() (about 5-10 s)")
     config_sub.add_parser("example", help="print configs/example.yaml (every option, its default and meaning)",
                           description="Print every option at its default with its description.")
     return p
@@ -210,15 +230,60 @@ def _cmd_config(args) -> int:
 
     if args.config_command == "show":
         sys.stdout.write(_load(args.config).to_yaml())
+    elif args.config_command == "diff":
+        return _config_diff(args.a, args.b)
     else:
         sys.stdout.write(render_example(EXAMPLE_PATHS))
     return 0
 
 
+def _flatten(value, prefix: str = "") -> dict:
+    if isinstance(value, dict):
+        out: dict = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def _config_diff(a: str, b: str) -> int:
+    import json
+
+    def resolve(path: str):
+        p = Path(path)
+        return _load(str(p / "config.yaml") if p.is_dir() else str(p))
+
+    fa, fb = (_flatten(resolve(x).model_dump(mode="json")) for x in (a, b))
+    keys = sorted(set(fa) | set(fb))
+    changed = [k for k in keys if fa.get(k, "<absent>") != fb.get(k, "<absent>")]
+    for k in changed:
+        print(f"{k}: {json.dumps(fa.get(k, '<absent>'), ensure_ascii=False)} -> {json.dumps(fb.get(k, '<absent>'), ensure_ascii=False)}")
+    if not changed:
+        print(f"no differences ({len(keys)} keys compared)")
+    return 1 if changed else 0
+
+
+def _cmd_doctor(args) -> int:
+    from .doctor import ERROR, WARNING, run_checks
+
+    cfg = _load(args.config) if args.config else None
+    checks = run_checks(cfg, args.out, mindspore=not args.skip_mindspore)
+    for c in checks:
+        print(c.line())
+    n_err = sum(c.status == ERROR for c in checks)
+    n_warn = sum(c.status == WARNING for c in checks)
+    print(f"doctor: {len(checks)} checks, {n_err} errors, {n_warn} warnings")
+    return 1 if n_err else 0
+
+
 def _load(path: str):
     from .config import load_config
 
-    return load_config(path)
+    cfg = load_config(path)
+    for note in cfg.migration_notes:
+        print(f"corpusmill: {path}: migrated {note} (set config_version and the new keys to silence this)",
+              file=sys.stderr)
+    return cfg
 
 
 def _print_run_summary(result, out: Path) -> None:
@@ -242,7 +307,18 @@ def _print_run_summary(result, out: Path) -> None:
         t = result.train
         _log(f"training: {t['steps']} steps, loss {t['first_loss']:.3f} -> {t['last_loss']:.3f}, "
              f"data wait {100 * t['data_wait_share']:.1f}% -> {out / 'train' / 'metrics.jsonl'}")
+    _log_sample(led)
     _log(f"report: {out / 'report.md'}   ledger: {out / 'ledger.json'}")
+
+
+def _log_sample(led: dict) -> None:
+    sample = led.get("sample")
+    if not sample:
+        return
+    p = sample["projected_full_run"]
+    shown = ", ".join(f"{k} {v:,}" for k, v in p.items() if k != "wall_s")
+    _log(f"SAMPLE RUN of {sample['fraction']:.2%} of the documents; projected full run: {shown}, "
+         f"about {p['wall_s']:,.0f} s ({sample['note']})")
 
 
 def _cmd_run(args) -> int:
@@ -251,6 +327,8 @@ def _cmd_run(args) -> int:
     cfg = _load(args.config)
     if args.scheduler:
         cfg.cluster.address = args.scheduler
+    if args.sample is not None:
+        cfg.input.sample = args.sample
     if args.train is not None:
         cfg.train.enabled = args.train
     result = Pipeline(cfg, args.out, resume=args.resume, log=_log).run()
@@ -331,6 +409,8 @@ def _cmd_dedup(args) -> int:
         elif policy not in ("lowest_uid", "longest"):
             raise ConfigError(f"--keep {args.keep}: expected lowest_uid, longest or field:NAME")
         cfg.dedup.keep = policy
+    if args.sample is not None:
+        cfg.input.sample = args.sample
     cfg = parse_config(cfg.model_dump(mode="json"), "command line")  # re-validate the combination
     if args.scheduler:
         cfg.cluster.address = args.scheduler
@@ -349,6 +429,7 @@ def _cmd_dedup(args) -> int:
     if near.get("clusters"):
         _log(f"  near-duplicate clusters: {near['clusters']:,} (largest {near['largest_cluster']}); "
              f"sizes: {near['cluster_sizes']}")
+    _log_sample(led)
     _log(f"kept: {out / 'kept'}   removed: {out / 'removed'}   ledger: {out / 'ledger.json'}   report: {out / 'report.md'}")
     return 0
 
@@ -380,7 +461,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from trainer.data import ShardMismatch
 
     handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train, "config": _cmd_config, "dedup": _cmd_dedup,
-                "shards": _cmd_shards, "tokenizer": _cmd_tokenizer}
+                "shards": _cmd_shards, "tokenizer": _cmd_tokenizer, "doctor": _cmd_doctor}
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, PipelineError, LedgerError, ShardMismatch, ConnectionError, TokenizerError) as e:

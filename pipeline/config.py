@@ -14,7 +14,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-CONFIG_VERSION = 1
+CONFIG_VERSION = 2
 
 
 class ConfigError(ValueError):
@@ -39,6 +39,10 @@ class InputConfig(_Section):
     )
     block_size_mb: float = Field(64, gt=0, description="Uncompressed JSONL files larger than this are read in parallel blocks.")
     part_size_mb: float = Field(32, gt=0, description="Target text size of one partition (one Parquet part) between stages.")
+    sample: float = Field(
+        1.0, gt=0, le=1, description="Run on this fraction of the documents (e.g. 0.01 before a full run): chosen by a "
+        "seeded hash of each document's uid, so the same documents every time; the report projects full-run figures.")
+    sample_seed: int = Field(0, description="Seed of the document sample.")
 
 
 class NormalizeConfig(_Section):
@@ -52,12 +56,16 @@ class NormalizeConfig(_Section):
     )
 
 
-class FilterConfig(_Section):
+class LengthFilterConfig(_Section):
     min_chars: int = Field(32, ge=0, description="Drop documents with fewer non-whitespace characters (reason too_few_chars).")
     min_words: int = Field(
         0, ge=0, description="Drop documents with fewer words; each CJK character counts as a word (reason too_few_words)."
     )
     max_chars: Optional[int] = Field(None, gt=0, description="Drop documents with more characters (reason too_many_chars).")
+
+
+class FilterConfig(_Section):
+    length: LengthFilterConfig = Field(default_factory=LengthFilterConfig)
 
 
 class ShinglingConfig(_Section):
@@ -210,11 +218,13 @@ class Config(_Section):
     shard: ShardConfig = Field(default_factory=ShardConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    migration_notes: list[str] = Field(default_factory=list, exclude=True, repr=False,
+                                       description="Set by the loader: keys moved from an older config_version.")
 
     @field_validator("config_version")
     @classmethod
     def _known_version(cls, v: int) -> int:
-        if v != CONFIG_VERSION:
+        if v != CONFIG_VERSION:  # older versions are migrated before validation (see migrate_config)
             raise ValueError(f"this corpusmill reads config_version {CONFIG_VERSION}, not {v}")
         return v
 
@@ -272,16 +282,63 @@ def _model_at(model: type[BaseModel], loc: tuple) -> Optional[type[BaseModel]]:
     return model
 
 
+def _migrate_1_to_2(data: dict) -> list[str]:
+    """Version 2 groups the filter rules by family: the length rules moved into `filter.length`."""
+    notes = []
+    section = data.get("filter")
+    if isinstance(section, dict):
+        for key in ("min_chars", "min_words", "max_chars"):
+            if key in section:
+                if isinstance(section.get("length"), dict) and key in section["length"]:
+                    raise ConfigError(f"config_version 1 config sets both filter.{key} and filter.length.{key}: "
+                                      f"keep only filter.length.{key} and set config_version: 2")
+                section.setdefault("length", {})[key] = section.pop(key)
+                notes.append(f"filter.{key} -> filter.length.{key}")
+    return notes
+
+
+MIGRATIONS = {1: _migrate_1_to_2}  # version N -> N + 1, applied in turn
+
+
+def migrate_config(data: dict, source: str = "<dict>") -> tuple[dict, list[str]]:
+    """Bring a config written for an older config_version up to CONFIG_VERSION, with a note for
+    every key that moved; refuse one written for a newer corpusmill or for a version with no
+    migration. A config without config_version is taken to be of the current version."""
+    import copy
+
+    version = data.get("config_version", CONFIG_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ConfigError(f"{source}: config_version must be an integer, got {version!r}")
+    if version > CONFIG_VERSION:
+        raise ConfigError(f"{source}: written for config_version {version}, but this corpusmill reads up to "
+                          f"{CONFIG_VERSION}: upgrade corpusmill")
+    if version < min(MIGRATIONS, default=CONFIG_VERSION):
+        raise ConfigError(f"{source}: config_version {version} is older than any this corpusmill can migrate "
+                          f"(oldest: {min(MIGRATIONS)}); rewrite it from configs/example.yaml")
+    data = copy.deepcopy(data)
+    notes: list[str] = []
+    while version < CONFIG_VERSION:
+        moved = MIGRATIONS[version](data)
+        notes += [f"config_version {version} -> {version + 1}: {m}" for m in moved]
+        version += 1
+        data["config_version"] = version
+    return data, notes
+
+
 def parse_config(data: Union[dict, None], source: str = "<dict>") -> Config:
-    """Validate a plain mapping (parsed YAML or an API payload) into a Config."""
+    """Validate a plain mapping (parsed YAML or an API payload) into a Config; an older
+    config_version is migrated first and the notes kept in `Config.migration_notes`."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"invalid config {source}: the top level must be a mapping, not {type(data).__name__}")
+    data, notes = migrate_config(data, source)
     try:
-        return Config.model_validate(data)
+        cfg = Config.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err, source)) from None
+    cfg.migration_notes = notes
+    return cfg
 
 
 def load_config(path: Union[str, Path]) -> Config:
@@ -315,6 +372,8 @@ def render_example(example_paths: Optional[list[str]] = None) -> str:
     def emit(model: BaseModel, indent: int) -> None:
         pad = "  " * indent
         for name, field in type(model).model_fields.items():
+            if field.exclude:
+                continue
             value = getattr(model, name)
             if field.description:
                 for line in textwrap.wrap(field.description, 100 - len(pad)):

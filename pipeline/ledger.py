@@ -63,4 +63,44 @@ def build_ledger(stats: dict[str, dict], doc_stages: list[str]) -> dict[str, Any
         ledger["samples"] = int(stats["shard"]["samples"])
         ledger["samples_per_rank"] = int(stats["shard"]["samples_per_rank"])
         ledger["samples_dropped_for_equal_ranks"] = int(stats["shard"]["dropped_samples"])
+        ledger["shard_bytes"] = int(stats["shard"]["bytes"])
     return ledger
+
+
+def project_full_run(ledger: dict[str, Any], stats: dict[str, dict], fraction: float, seed: int,
+                     n_workers: int) -> dict[str, Any]:
+    """What the full run would give, from a run on a seeded `fraction` of the documents.
+
+    Counts scale by 1 / fraction; the number of input records is exact (the reader counts the ones
+    it skips). Duplicates are a lower bound: most of a sampled document's copies fall outside a
+    small sample. A stage's time splits into work that scales (its tasks' compute seconds over the
+    workers) and a fixed part (the rest: scheduling, tokenizer training on a fixed-size sample,
+    start-up), which does not."""
+    scale = 1.0 / fraction
+    read = stats["read"]
+    projected: dict[str, Any] = {
+        "input": int(read["docs_in"]) + int(read.get("not_sampled", 0)),
+        **{k: round(ledger[k] * scale) for k in ("kept", "filtered", "duplicates", "quarantined")},
+    }
+    for key in ("tokens", "samples", "samples_per_rank"):
+        if key in ledger:
+            projected[key] = round(ledger[key] * scale)
+    if "shard" in stats:
+        # a MindRecord file is its samples plus a header and index that do not grow with them
+        sh = stats["shard"]
+        payload = int(sh.get("payload_bytes_per_sample", 0)) * int(sh["samples"])
+        projected["shard_bytes"] = round(payload * scale + max(0, int(sh["bytes"]) - payload))
+    wall = 0.0
+    for name, seconds in (ledger.get("run", {}).get("seconds_per_stage") or {}).items():
+        task_s = float(stats.get(name, {}).get("task_seconds", 0.0))
+        variable = min(seconds, task_s / max(1, n_workers)) if task_s else seconds
+        wall += (seconds - variable) + variable * scale
+    projected["wall_s"] = round(wall, 1)
+    return {
+        "fraction": fraction,
+        "seed": seed,
+        "documents_not_sampled": int(read.get("not_sampled", 0)),
+        "projected_full_run": projected,
+        "note": "counts scale by 1/fraction; duplicates are a lower bound (copies of a sampled document are "
+                "mostly outside the sample); wall time scales only the stages' task compute",
+    }

@@ -20,6 +20,15 @@ def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: 
     lines += [f"corpusmill {run.get('corpusmill_version', '?')}, finished {run.get('finished_utc', '?')}, "
               f"wall time {run.get('wall_s', 0):.1f}s"
               + (f"; resumed (skipped): {', '.join(run['resumed_stages'])}" if run.get("resumed_stages") else ""), ""]
+    sample = ledger.get("sample")
+    if sample:
+        p = sample["projected_full_run"]
+        lines += [f"**This was a SAMPLE RUN on {sample['fraction']:.2%} of the documents** (seed {sample['seed']}; "
+                  f"{sample['documents_not_sampled']:,} documents not sampled). Every figure below is the sample's.", "",
+                  "Projected full run:", "", "| figure | projected |", "|---|---:|"]
+        for key, value in p.items():
+            lines.append(f"| {key} | {value:,.1f} |" if isinstance(value, float) else f"| {key} | {value:,} |")
+        lines += ["", f"({sample['note']}.)", ""]
 
     lines += ["## Documents", "", "| outcome | documents | share of input |", "|---|---:|---:|"]
     for key in ("input", "kept", "filtered", "duplicates", "quarantined"):

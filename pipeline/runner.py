@@ -33,7 +33,7 @@ from . import __version__
 from .config import Config
 from .engine import dask_client, run_tasks
 from .executor import export_kept_part, export_removed_part, run_batch_part, sample_part
-from .ledger import build_ledger
+from .ledger import build_ledger, project_full_run
 from .report import write_report
 
 Log = Callable[[str], None]
@@ -164,11 +164,13 @@ class Pipeline:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
         started = time.perf_counter()
+        self._preflight()
         files = read.expand_inputs(cfg.input.paths)
         identity = [(f, os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files]
         h = cfg.section_hash("input", extra=identity)
         with dask_client(cfg.cluster, self.client_arg, self.log) as client:
             self.client = client
+            self.n_workers = max(1, len(client.scheduler_info().get("workers", {})))
             self._stage("read", h, lambda d: self._read(d, files), _docs_summary)
             self.doc_stages = ["read"]
             if self.job == "dedup":
@@ -199,6 +201,9 @@ class Pipeline:
             "seconds_per_stage": self.seconds,
             "resumed_stages": self.skipped,
         }
+        if cfg.input.sample < 1.0:
+            ledger["sample"] = project_full_run(ledger, self.stats, cfg.input.sample, cfg.input.sample_seed,
+                                                n_workers=self.n_workers)
         train_summary = None
         if cfg.train.enabled and self.job == "run":
             from trainer.train import train
@@ -209,6 +214,20 @@ class Pipeline:
         _write_json_atomic(self.out / "ledger.json", ledger)
         write_report(self.out, ledger, self.stats, self.extra, self.seconds, train_summary)
         return RunResult(self.out, ledger, self.stats, train_summary, self.skipped)
+
+    def _preflight(self) -> None:
+        """`corpusmill doctor`'s checks for this config (all but mindspore.run_check, which the doctor
+        runs in a child process): warnings are logged, any error stops the run before work starts."""
+        from .doctor import ERROR, WARNING, run_checks
+
+        checks = run_checks(self.cfg, str(self.out), mindspore=False)
+        for c in checks:
+            if c.status == WARNING:
+                self.log(f"  preflight warning: {c.name}: {c.detail} (fix: {c.fix})")
+        failed = [c for c in checks if c.status == ERROR]
+        if failed:
+            raise PipelineError("preflight checks failed (see `corpusmill doctor`):\n" +
+                                "\n".join(f"  {c.name}: {c.detail}\n    fix: {c.fix}" for c in failed))
 
     def _dedup_stages(self, last: str, h: str, normalize_opts: Optional[dict]) -> tuple[str, str]:
         """Exact then near-duplicate removal after stage `last`; returns the new last stage and its hash."""
@@ -237,7 +256,8 @@ class Pipeline:
             for seg, n in zip(to_count, counts):
                 seg.first_line = running.get(seg.file_index, 0) + 1
                 running[seg.file_index] = running.get(seg.file_index, 0) + n
-        opts = read.ReadOptions(ic.text_field, ic.id_field, ic.source_field, int(ic.part_size_mb * 2**20))
+        opts = read.ReadOptions(ic.text_field, ic.id_field, ic.source_field, int(ic.part_size_mb * 2**20),
+                                sample=ic.sample, sample_seed=ic.sample_seed)
         results = run_tasks(self.client, [delayed(read.read_unit)(u, opts, str(folder)) for u in units], "read")
         stats: dict = {}
         with open(folder / "quarantine.jsonl", "w", encoding="utf-8") as q:
@@ -253,7 +273,8 @@ class Pipeline:
     def _filter(self, folder: Path) -> dict:
         f = self.cfg.filter
         stats, _ = self._map("normalize", folder, filters.length_filter_batch,
-                             {"min_chars": f.min_chars, "min_words": f.min_words, "max_chars": f.max_chars})
+                             {"min_chars": f.length.min_chars, "min_words": f.length.min_words,
+                              "max_chars": f.length.max_chars})
         self.extra["filter"] = {"examples": _removed_examples(folder / "removed", self.stage_dir("normalize"))}
         return stats
 
@@ -594,6 +615,7 @@ class Pipeline:
         written = run_tasks(self.client, tasks, f"shard: shuffle + write + {sc.verify} check")
         write_s = time.perf_counter() - started
         files = []
+        task_seconds = sum(w.pop("task_seconds") for w in written)
         for i, (name, w) in enumerate(zip(names, written)):
             rank, _ = plan.file_of(i)
             files.append({"path": name, "rank": rank if sc.layout == "per_rank" else None, **w})
@@ -648,6 +670,8 @@ class Pipeline:
             "files": plan.files,
             "layout": sc.layout,
             "writer_setup_s": round(setup_s, 3),
+            "task_seconds": task_seconds,
+            "payload_bytes_per_sample": window * 4 * (2 if labels else 1),
             "write_s": round(write_s, 3),
             "tokens": manifest["total_tokens"],
             "bytes": sum(x["bytes"] for x in files),

@@ -14,12 +14,14 @@ import gzip
 import io
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import xxhash
 
 from .base import DOC_SCHEMA, write_table_atomic
 
@@ -186,6 +188,17 @@ class ReadOptions:
     id_field: Optional[str] = "id"
     source_field: Optional[str] = "source"
     part_size: int = 32 << 20
+    sample: float = 1.0  # keep a document when a seeded hash of its uid falls below this fraction
+    sample_seed: int = 0
+
+    def sampled(self, uid: int) -> bool:
+        return self.sample >= 1.0 or in_sample(uid, self.sample, self.sample_seed)
+
+
+def in_sample(uid: int, fraction: float, seed: int) -> bool:
+    """Whether a document belongs to the seeded sample: decided by its uid alone, so the same
+    documents are chosen on every run, in every stage, however the input is split into tasks."""
+    return xxhash.xxh3_64_intdigest(uid.to_bytes(8, "little"), seed) < int(fraction * (1 << 64))
 
 
 def _describe_type(value: Any) -> str:
@@ -235,9 +248,12 @@ def _read_jsonl(seg: Segment, opts: ReadOptions, writer: _PartWriter, quarantine
             if not raw.strip():
                 stats["blank_lines"] += 1
                 continue
+            uid = base | line_no
+            if not opts.sampled(uid):
+                stats["not_sampled"] += 1
+                continue
             stats["docs_in"] += 1
             stats["bytes_in"] += len(raw)
-            uid = base | line_no
             reason = code = None
             try:
                 line = raw.decode("utf-8")
@@ -274,8 +290,11 @@ def _read_jsonl(seg: Segment, opts: ReadOptions, writer: _PartWriter, quarantine
 
 
 def _read_txt(seg: Segment, opts: ReadOptions, writer: _PartWriter, quarantine: list, stats: dict) -> None:
-    raw = Path(seg.path).read_bytes()
     uid = seg.file_index << 32
+    if not opts.sampled(uid):
+        stats["not_sampled"] += 1
+        return
+    raw = Path(seg.path).read_bytes()
     stats["docs_in"] += 1
     stats["bytes_in"] += len(raw)
     try:
@@ -299,10 +318,14 @@ def _read_parquet(seg: Segment, opts: ReadOptions, writer: _PartWriter, quaranti
     row = 0
     for batch in pf.iter_batches(batch_size=4096):
         n = batch.num_rows
-        stats["docs_in"] += n
+        chosen = [opts.sampled(base | (row + i + 1)) for i in range(n)]
+        stats["not_sampled"] += n - sum(chosen)
+        stats["docs_in"] += sum(chosen)
         if opts.text_field not in names:
             for i in range(n):
-                quarantine.append(_Quarantine(seg.path, row + i + 1, base | (row + i + 1), "missing_text", f"no column '{opts.text_field}'"))
+                if chosen[i]:
+                    quarantine.append(_Quarantine(seg.path, row + i + 1, base | (row + i + 1), "missing_text",
+                                                  f"no column '{opts.text_field}'"))
             row += n
             continue
         data = batch.to_pydict()
@@ -310,6 +333,8 @@ def _read_parquet(seg: Segment, opts: ReadOptions, writer: _PartWriter, quaranti
         ids = data.pop(opts.id_field, None) if opts.id_field else None
         sources = data.pop(opts.source_field, None) if opts.source_field else None
         for i in range(n):
+            if not chosen[i]:
+                continue
             line = row + i + 1  # 1-based row number, reported as the "line"
             text = texts[i]
             if not isinstance(text, str):
@@ -329,9 +354,10 @@ _READERS = {"jsonl": _read_jsonl, "jsonl.gz": _read_jsonl, "jsonl.zst": _read_js
 
 def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str) -> dict:
     """Read one unit into `out_dir/part-*.parquet`; returns stats and the quarantine records."""
+    started = time.perf_counter()
     writer = _PartWriter(Path(out_dir), unit.index, opts.part_size)
     quarantine: list[_Quarantine] = []
-    stats: dict[str, Any] = {"docs_in": 0, "blank_lines": 0, "bytes_in": 0, "files": 0}
+    stats: dict[str, Any] = {"docs_in": 0, "blank_lines": 0, "bytes_in": 0, "files": 0, "not_sampled": 0}
     for seg in unit.segments:
         if seg.start == 0:
             stats["files"] += 1
@@ -344,4 +370,5 @@ def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str) -> dict:
     for rec in q:
         key = rec["code"]
         stats["quarantine_reasons"][key] = stats["quarantine_reasons"].get(key, 0) + 1
+    stats["task_seconds"] = time.perf_counter() - started
     return {"stats": stats, "quarantine": q, "parts": writer.parts}

@@ -245,12 +245,15 @@ def gather_and_write(parts: list[str], counts: list[int], seed: int, start: int,
     """One output file's task: pick its windows (positions start..end-1) out of the memory-mapped
     packed parts and write them. The seeded permutation is recomputed here (milliseconds) rather
     than shipped as a shared input, which would pull every task to the worker holding it."""
+    import time
+
+    started = time.perf_counter()
     total = int(sum(counts))
     inv = positions(total, seed)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     slices = [inv[offsets[i]:offsets[i + 1]] for i in range(len(parts))]
     part = gather_positions(parts, slices, start, end, used, total, window)
-    return write_mindrecord(part, path, window, write_batch, labels, verify)
+    return {**write_mindrecord(part, path, window, write_batch, labels, verify), "task_seconds": time.perf_counter() - started}
 
 
 def count_samples(path: str) -> int:

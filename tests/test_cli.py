@@ -111,3 +111,59 @@ def test_demo_resume_reuses_the_corpus_and_skips_finished_stages(demo_run):
     assert proc.stdout.count("done in an earlier run (config unchanged)") == 8
     after = json.loads((out / "shards" / "manifest.json").read_text())
     assert [f["sha256"] for f in after["files"]] == [f["sha256"] for f in before["files"]]
+
+
+def _uids(run_dir):
+    import pyarrow.parquet as pq
+
+    return sorted(u for p in sorted((run_dir / "00-read").glob("part-*.parquet"))
+                  for u in pq.read_table(p, columns=["uid"]).column("uid").to_pylist())
+
+
+def test_sampled_run_is_deterministic_and_projects_the_full_run(demo_run, tmp_path):
+    out, _ = demo_run
+    full = json.loads((out / "ledger.json").read_text())
+    runs = []
+    for name in ("s1", "s2"):
+        proc = _run(["run", str(out / "config.yaml"), "--sample", "0.5", "--no-train", "--out", str(tmp_path / name)])
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert "SAMPLE RUN of 50.00% of the documents" in proc.stdout
+        runs.append(tmp_path / name)
+    assert _uids(runs[0]) == _uids(runs[1])  # the same documents every time
+    sampled = json.loads((runs[0] / "ledger.json").read_text())
+    assert 0.4 * full["input"] < sampled["input"] < 0.6 * full["input"]
+    sample = sampled["sample"]
+    assert sample["fraction"] == 0.5 and sample["documents_not_sampled"] == full["input"] - sampled["input"]
+    projected = sample["projected_full_run"]
+    assert projected["input"] == full["input"]  # exact: the reader counts what it skips
+    for key in ("kept", "tokens", "samples_per_rank", "shard_bytes"):
+        assert abs(projected[key] - full[key]) <= 0.2 * full[key], (key, projected[key], full[key])
+    stage_seconds = sum(full["run"]["seconds_per_stage"].values())
+    assert 0.5 * stage_seconds < projected["wall_s"] < 2 * stage_seconds, (projected["wall_s"], stage_seconds)
+    report = (runs[0] / "report.md").read_text()
+    assert "sample" in report.lower() and "projected" in report.lower()
+    # every stage saw only the sampled documents
+    assert set(_uids(runs[0])) <= set(_uids(out))
+
+
+def test_config_diff_of_files_and_run_directories(demo_run, tmp_path):
+    out, _ = demo_run
+    other = tmp_path / "other.yaml"
+    other.write_text((out / "config.yaml").read_text().replace("seq_length: 128", "seq_length: 256"))
+    diff = _run(["config", "diff", str(out), str(other)])
+    assert diff.returncode == 1 and diff.stdout.strip() == "pack.seq_length: 128 -> 256", diff.stdout + diff.stderr
+    same = _run(["config", "diff", str(out), str(out / "config.yaml")])
+    assert same.returncode == 0 and "no differences" in same.stdout
+
+
+def test_doctor_reports_ok_and_fails_on_a_missing_tokenizer(tmp_path):
+    ok = _run(["doctor"])
+    assert ok.returncode == 0 and "[     ok] mindspore: run_check() passed" in ok.stdout, ok.stdout + ok.stderr
+    cfg = tmp_path / "c.yaml"
+    (tmp_path / "data.jsonl").write_text('{"text": "hello world"}\n')
+    cfg.write_text(f"input: {{paths: [{tmp_path / 'data.jsonl'}]}}\ntokenizer: {{model: {tmp_path / 'missing.model'}}}\n")
+    bad = _run(["doctor", "--config", str(cfg), "--skip-mindspore"])
+    assert bad.returncode == 1 and "[  error] tokenizer:" in bad.stdout and "missing.model does not exist" in bad.stdout
+    refused = _run(["run", str(cfg), "--out", str(tmp_path / "o")])  # the pipeline runs the same checks first
+    assert refused.returncode == 2 and "preflight checks failed" in refused.stderr and "missing.model" in refused.stderr
+    assert not (tmp_path / "o" / "00-read").exists()

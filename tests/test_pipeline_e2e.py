@@ -55,7 +55,7 @@ def build_corpus(root: Path) -> dict:
 def e2e_config(corpus: Path, **over) -> dict:
     cfg = {
         "input": {"paths": [str(corpus)], "part_size_mb": 0.01, "block_size_mb": 0.02},  # many blocks and parts
-        "filter": {"min_chars": 10},
+        "filter": {"length": {"min_chars": 10}},
         "tokenizer": {"train": {"vocab_size": 1500}},
         "pack": {"seq_length": 32},
         "shard": {"ranks": 2, "files_per_rank": 2, "seed": 7},

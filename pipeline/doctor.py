@@ -1,0 +1,234 @@
+"""Environment checks before work starts: `corpusmill doctor`, and the same checks at pipeline start.
+
+Each check gives ok / warning / error and, when not ok, the fix. The pipeline refuses to start on
+any error, so a run does not die an hour in on a missing tokenizer, a full disk or a scheduler that
+never answers.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+OK, WARNING, ERROR = "ok", "warning", "error"
+
+# bytes on disk per byte of input text, by the end of a run: stage parts (Parquet, zstd) for the
+# document stages, token parts (4 bytes per token, ~0.3 tokens per byte) and shards (the same again)
+STAGE_BYTES_PER_INPUT_BYTE = 3.0
+SHARD_BYTES_PER_INPUT_BYTE = 1.3
+# peak memory of one worker per byte of its partition's text (Arrow text, pandas copies, signatures)
+WORKER_BYTES_PER_PARTITION_BYTE = 6.0
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        fix = f"\n      fix: {self.fix}" if self.fix and self.status != OK else ""
+        return f"[{self.status:>7}] {self.name}: {self.detail}{fix}"
+
+
+def _requirement_pins() -> list[tuple[str, str]]:
+    """(package, specifier) pairs of corpusmill's own install requirements."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        reqs = requires("corpusmill") or []
+    except PackageNotFoundError:
+        return []
+    pins = []
+    for req in reqs:
+        if "extra ==" in req:
+            continue
+        m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(\[[^\]]*\])?\s*([^;]*)", req)
+        if m:
+            pins.append((m.group(1), m.group(3).strip()))
+    return pins
+
+
+def check_packages() -> list[Check]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.specifiers import SpecifierSet
+
+    checks = [Check("python", OK if sys.version_info[:2] >= (3, 9) else ERROR,
+                    f"{sys.version.split()[0]} at {sys.executable}", "use Python 3.9-3.11 (mindspore 2.10 wheels)")]
+    wrong = []
+    for name, spec in _requirement_pins():
+        try:
+            have = version(name)
+        except PackageNotFoundError:
+            wrong.append(f"{name} missing (wants {spec or 'any'})")
+            continue
+        if spec and have not in SpecifierSet(spec):
+            wrong.append(f"{name} {have} (wants {spec})")
+    checks.append(Check("packages", ERROR if wrong else OK,
+                        "; ".join(wrong) if wrong else f"{len(_requirement_pins())} pinned requirements satisfied",
+                        "reinstall: .venv/bin/pip install -e .  (numpy<2 and pyarrow<24: mindspore 2.10 is built on NumPy 1.x)"))
+    return checks
+
+
+def check_mindspore(timeout: float = 180) -> list[Check]:
+    """`mindspore.run_check()` in a child process (a process that forks after running a MindSpore
+    graph deadlocks, so the doctor's own process stays clean), and the device it will use."""
+    device = os.environ.get("CORPUSMILL_DEVICE", "CPU")
+    code = ("import mindspore as ms; ms.set_context(device_target=%r); ms.run_check(); "
+            "print('DEVICE', ms.get_context('device_target'))" % device)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "GLOG_v": "3"})
+    except subprocess.TimeoutExpired:
+        return [Check("mindspore", ERROR, f"run_check() did not finish in {timeout:.0f} s", "check the device driver and "
+                      "that no other process holds the device")]
+    out = proc.stdout + proc.stderr
+    ok = proc.returncode == 0 and re.search(r"installed .*successfully", out) is not None
+    found = re.search(r"DEVICE (\w+)", out)
+    version = re.search(r"MindSpore version[: ]+([\w.]+)", out)
+    checks = [Check("mindspore", OK if ok else ERROR,
+                    f"run_check() passed (MindSpore {version.group(1) if version else '?'})" if ok
+                    else "run_check() failed: " + (out.strip().splitlines() or ["no output"])[-1][:300],
+                    "pip install mindspore==2.10.0 'numpy<2'; on Ascend, source the CANN set_env.sh first")]
+    checks.append(Check("device", OK if ok else ERROR, f"MindSpore will train on {found.group(1) if found else device} "
+                        f"(CORPUSMILL_DEVICE={device}; bf16 has no CPU kernels, use fp16/fp32 there)",
+                        "set CORPUSMILL_DEVICE to CPU, GPU or Ascend"))
+    return checks
+
+
+def check_cpus(cfg: Any) -> list[Check]:
+    cpus = os.cpu_count() or 1
+    checks = []
+    workers = cfg.cluster.n_workers or cpus
+    threads = workers * cfg.cluster.threads_per_worker
+    if cfg.cluster.address:
+        checks.append(Check("dask workers", OK, f"an existing cluster at {cfg.cluster.address} (its own workers)"))
+    else:
+        checks.append(Check("dask workers", WARNING if threads > cpus else OK,
+                            f"{workers} LocalCluster workers x {cfg.cluster.threads_per_worker} threads on {cpus} CPUs",
+                            f"set cluster.n_workers x cluster.threads_per_worker to at most {cpus}"))
+    npw = cfg.train.num_parallel_workers
+    checks.append(Check("num_parallel_workers", ERROR if npw > cpus else OK,
+                        f"train.num_parallel_workers {npw} on {cpus} CPUs" + (" (MindSpore refuses more)" if npw > cpus else ""),
+                        f"set train.num_parallel_workers to at most {cpus}"))
+    return checks
+
+
+def _input_bytes(paths: list[str]) -> int:
+    from stages.read import expand_inputs
+
+    return sum(os.path.getsize(f) for f in expand_inputs(paths))
+
+
+def _available_memory() -> Optional[int]:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_memory(cfg: Any, available: Optional[int] = None) -> list[Check]:
+    available = _available_memory() if available is None else available
+    if available is None:
+        return [Check("memory", WARNING, "cannot read the free memory (no /proc/meminfo)")]
+    cpus = os.cpu_count() or 1
+    workers = 0 if cfg.cluster.address else (cfg.cluster.n_workers or cpus) * cfg.cluster.threads_per_worker
+    part = cfg.input.part_size_mb * 2**20
+    need = workers * part * WORKER_BYTES_PER_PARTITION_BYTE
+    if not cfg.tokenizer.model:
+        need += cfg.tokenizer.train.max_sample_mb * 2**20 * 4  # sentencepiece holds the sample several times over
+    if cfg.train.enabled:
+        m = cfg.train.model
+        need += 4 * cfg.train.batch_size * (cfg.pack.seq_length + 1) * m.hidden_size * m.num_layers * 16
+    status = ERROR if need > available else WARNING if need > 0.8 * available else OK
+    return [Check("memory", status, f"about {need / 2**30:.1f} GiB needed (partitions x workers, tokenizer sample, "
+                  f"training batch) of {available / 2**30:.1f} GiB available",
+                  "lower input.part_size_mb or cluster.n_workers, or tokenizer.train.max_sample_mb")]
+
+
+def check_disk(cfg: Any, out: Optional[str], disk_usage: Callable[[str], Any] = shutil.disk_usage) -> list[Check]:
+    try:
+        size = _input_bytes(cfg.input.paths) if cfg.input.paths else 0
+    except Exception:  # noqa: BLE001 - the input check reports what is wrong with the paths
+        return []
+    target = Path(out or ".").resolve()
+    probe = target
+    while not probe.exists():
+        probe = probe.parent
+    free = disk_usage(str(probe)).free
+    need = size * cfg.input.sample * (STAGE_BYTES_PER_INPUT_BYTE + SHARD_BYTES_PER_INPUT_BYTE)
+    shards = size * cfg.input.sample * SHARD_BYTES_PER_INPUT_BYTE
+    status = ERROR if need > free else WARNING if need > 0.8 * free else OK
+    return [Check("disk", status, f"about {need / 2**30:.2f} GiB needed under {target} (shards about "
+                  f"{shards / 2**30:.2f} GiB) of {free / 2**30:.2f} GiB free on its file system",
+                  "free space, or write the run elsewhere (--out), or try --sample first")]
+
+
+def check_scheduler(cfg: Any, timeout: float = 5) -> list[Check]:
+    if not cfg.cluster.address:
+        return [Check("scheduler", OK, "none configured: a LocalCluster will be started")]
+    from distributed import Client
+
+    try:
+        with Client(cfg.cluster.address, timeout=timeout) as client:
+            n = len(client.scheduler_info().get("workers", {}))
+    except Exception as e:  # noqa: BLE001 - any failure to connect is the finding
+        return [Check("scheduler", ERROR, f"{cfg.cluster.address} does not answer ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:200] if str(e) else 'no detail'})",
+                      "start it (dask scheduler; dask worker ADDRESS) or fix cluster.address / --scheduler")]
+    return [Check("scheduler", OK if n else WARNING, f"{cfg.cluster.address} answers with {n} workers",
+                  "start workers: dask worker " + cfg.cluster.address)]
+
+
+def check_files(cfg: Any) -> list[Check]:
+    from stages.read import InputError, expand_inputs
+
+    checks = []
+    try:
+        files = expand_inputs(cfg.input.paths)
+        unreadable = [f for f in files if not os.access(f, os.R_OK)]
+        checks.append(Check("input", ERROR if unreadable else OK,
+                            f"{len(unreadable)} of {len(files)} files unreadable: {unreadable[:3]}" if unreadable
+                            else f"{len(files)} files, {sum(os.path.getsize(f) for f in files) / 2**20:.1f} MiB",
+                            "fix the permissions"))
+    except InputError as e:
+        checks.append(Check("input", ERROR, str(e), "fix input.paths"))
+    model = cfg.tokenizer.model
+    if model:
+        ok = os.path.isfile(model) and os.access(model, os.R_OK)
+        checks.append(Check("tokenizer", OK if ok else ERROR,
+                            f"{model} " + ("is readable" if ok else "does not exist or is unreadable"),
+                            "fix tokenizer.model, or set it to null to train one on the corpus"))
+    else:
+        checks.append(Check("tokenizer", OK, "none given: one will be trained on a sample of the corpus"))
+    return checks
+
+
+def run_checks(cfg: Any = None, out: Optional[str] = None, *, mindspore: bool = True,
+               disk_usage: Callable[[str], Any] = shutil.disk_usage, available_memory: Optional[int] = None) -> list[Check]:
+    """Every check that applies: the environment alone without a config, everything with one."""
+    checks = check_packages()
+    if mindspore:
+        checks += check_mindspore()
+    if cfg is not None:
+        checks += check_cpus(cfg)
+        checks += check_memory(cfg, available_memory)
+        if cfg.input.paths:
+            checks += check_files(cfg)
+            checks += check_disk(cfg, out, disk_usage)
+        checks += check_scheduler(cfg)
+    return checks
+
+
+def errors(checks: list[Check]) -> list[Check]:
+    return [c for c in checks if c.status == ERROR]
