@@ -110,7 +110,8 @@ def main() -> int:
     cfg = args.work / "config.yaml"
     cfg.write_text(json.dumps({
         "input": {"paths": [str(args.work / "corpus")]},
-        "filter": {"length": {"min_chars": 0}},
+        "filter": {"length": {"min_chars": 0}, "gopher_quality": {"enabled": False}, "gopher_repetition": {"enabled": False},
+                   "c4": {"enabled": False}, "chinese": {"enabled": False}, "boilerplate_lines": {"enabled": False}},
         "dedup": {"exact": False, "minhash": {"enabled": False}},
         "tokenizer": {"model": args.tokenizer},
         "pack": {"seq_length": 2048},

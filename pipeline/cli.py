@@ -363,24 +363,38 @@ def _cmd_demo(args) -> int:
         cfg.train.steps = args.steps
     result = Pipeline(cfg, out, resume=args.resume, log=_log).run()
     _print_run_summary(result, out)
-    found = _planted_pairs_found(out / "03-exact_dedup", planted["exact_duplicates"], "duplicate_of")
-    near = _planted_pairs_found(out / "04-near_dedup", planted["near_duplicates"], "near")
-    _log(f"demo check: planted exact-duplicate pairs resolved by exact dedup {found} / {c['exact_duplicates']}; "
-         f"planted near-duplicate pairs resolved by near dedup {near} / {c['near_duplicates']} (a copy whose edit "
-         f"leaves it under the threshold stays); quarantined {result.ledger['quarantined']} / planted malformed {c['malformed']}")
+    filtered = _removed_ids(out / "02-filter")
+    found, both = _planted_pairs_found(out / "03-exact_dedup", planted["exact_duplicates"], "duplicate_of", filtered)
+    near, near_both = _planted_pairs_found(out / "04-near_dedup", planted["near_duplicates"], "near", filtered)
+    _log(f"demo check: planted exact-duplicate pairs: {found} resolved by exact dedup + {both} with both copies "
+         f"filtered first = {found + both} / {c['exact_duplicates']}; planted near-duplicate pairs: {near} resolved by "
+         f"near dedup + {near_both} both filtered = {near + near_both} / {c['near_duplicates']} (a copy whose edit leaves "
+         f"it under the threshold stays); quarantined {result.ledger['quarantined']} / planted malformed {c['malformed']}")
     return 0
 
 
-def _planted_pairs_found(stage_dir: Path, pairs: list[dict], other: str) -> int:
-    """How many planted (copy, original) pairs ended with one side removed as a duplicate of the other."""
+def _removed_ids(stage_dir: Path) -> set:
     import pyarrow.parquet as pq
 
     removed_dir = stage_dir / "removed"
     if not any(removed_dir.glob("*.parquet")):
-        return 0
-    removed = pq.read_table(str(removed_dir), columns=["id", "duplicate_of_id"]).to_pylist()
-    links = {(r["id"], r["duplicate_of_id"]) for r in removed}
-    return sum((p["id"], p[other]) in links or (p[other], p["id"]) in links for p in pairs)
+        return set()
+    return set(pq.read_table(str(removed_dir), columns=["id"]).column("id").to_pylist())
+
+
+def _planted_pairs_found(stage_dir: Path, pairs: list[dict], other: str, filtered: set) -> tuple[int, int]:
+    """Planted (copy, original) pairs that ended with one side removed as a duplicate of the other,
+    and pairs whose copies were both removed by the quality filters before dedup saw them."""
+    import pyarrow.parquet as pq
+
+    removed_dir = stage_dir / "removed"
+    links: set = set()
+    if any(removed_dir.glob("*.parquet")):
+        removed = pq.read_table(str(removed_dir), columns=["id", "duplicate_of_id"]).to_pylist()
+        links = {(r["id"], r["duplicate_of_id"]) for r in removed}
+    found = sum((p["id"], p[other]) in links or (p[other], p["id"]) in links for p in pairs)
+    both = sum(p["id"] in filtered and p[other] in filtered for p in pairs)
+    return found, both
 
 
 def _cmd_dedup(args) -> int:

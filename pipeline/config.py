@@ -54,18 +54,115 @@ class NormalizeConfig(_Section):
     fold_whitespace: bool = Field(
         True, description="Collapse runs of spaces/tabs to one space, strip line ends, at most one blank line in a row."
     )
+    fullwidth_ascii: bool = Field(True, description="Full-width ASCII letters, digits and symbols to half-width (also "
+                                  "without nfkc); Chinese punctuation follows keep_cjk_punctuation.")
+    html_entities: bool = Field(True, description="Decode HTML entities (&amp; &lt; &nbsp; &#20013; ...).")
 
 
 class LengthFilterConfig(_Section):
-    min_chars: int = Field(32, ge=0, description="Drop documents with fewer non-whitespace characters (reason too_few_chars).")
+    min_chars: int = Field(20, ge=0, description="Drop documents with fewer non-whitespace characters (reason too_few_chars); "
+                           "a five-character quatrain with its title and poet has about 30.")
     min_words: int = Field(
         0, ge=0, description="Drop documents with fewer words; each CJK character counts as a word (reason too_few_words)."
     )
     max_chars: Optional[int] = Field(None, gt=0, description="Drop documents with more characters (reason too_many_chars).")
 
 
+class GopherQualityConfig(_Section):
+    enabled: bool = Field(True, description="Gopher quality rules (Rae et al. 2021), CJK-aware.")
+    min_words: Optional[int] = Field(50, ge=0, description="Non-Chinese documents: fewer words are dropped (gopher_few_words).")
+    min_cjk_chars: Optional[int] = Field(
+        20, ge=0, description="Chinese documents: fewer CJK characters are dropped (a 5-character quatrain with its "
+        "title has about 26).")
+    max_words: Optional[int] = Field(
+        None, gt=0, description="More words (CJK characters count as words) are dropped; Gopher used 100000 for web "
+        "pages, but whole books exceed it, so null (off) by default.")
+    min_mean_word_length: Optional[float] = Field(3, ge=0, description="Non-Chinese documents only.")
+    max_mean_word_length: Optional[float] = Field(10, gt=0, description="Non-Chinese documents only.")
+    max_symbol_word_ratio: Optional[float] = Field(0.1, ge=0, description="'#' and ellipses per word.")
+    max_bullet_line_share: Optional[float] = Field(0.9, ge=0, le=1, description="Share of lines starting with a bullet.")
+    max_ellipsis_line_share: Optional[float] = Field(0.3, ge=0, le=1, description="Share of lines ending with an ellipsis.")
+    min_alpha_word_share: Optional[float] = Field(0.8, ge=0, le=1, description="Non-Chinese: share of words with a letter.")
+    min_alpha_share_zh: Optional[float] = Field(
+        0.6, ge=0, le=1, description="Chinese: share of letters among non-space characters (verse is up to a third punctuation).")
+    min_stop_words: Optional[int] = Field(2, ge=0, description="English stop words (the, be, to, of, and, that, have, with).")
+    min_stop_words_zh: Optional[int] = Field(
+        2, ge=0, description="Chinese function characters (的 了 是 在 不 有 之 也 而 其 以 于 为 一 无 与 ...), checked "
+        "only in documents of at least stop_words_zh_min_chars CJK characters (classical verse uses few).")
+    stop_words_zh_min_chars: int = Field(100, ge=0)
+
+
+class GopherRepetitionConfig(_Section):
+    enabled: bool = Field(True, description="Gopher repetition rules; n-grams of words, or of CJK characters (n x cjk_ngram_scale).")
+    max_dup_line_share: Optional[float] = Field(0.3, ge=0, le=1)
+    max_dup_para_share: Optional[float] = Field(0.3, ge=0, le=1)
+    max_dup_line_char_share: Optional[float] = Field(0.2, ge=0, le=1)
+    max_dup_para_char_share: Optional[float] = Field(0.2, ge=0, le=1)
+    max_top_2gram_share: Optional[float] = Field(0.20, ge=0, le=1)
+    max_top_3gram_share: Optional[float] = Field(0.18, ge=0, le=1)
+    max_top_4gram_share: Optional[float] = Field(0.16, ge=0, le=1)
+    max_dup_5gram_share: Optional[float] = Field(0.15, ge=0, le=1)
+    max_dup_6gram_share: Optional[float] = Field(0.14, ge=0, le=1)
+    max_dup_7gram_share: Optional[float] = Field(0.13, ge=0, le=1)
+    max_dup_8gram_share: Optional[float] = Field(0.12, ge=0, le=1)
+    max_dup_9gram_share: Optional[float] = Field(0.11, ge=0, le=1)
+    max_dup_10gram_share: Optional[float] = Field(0.10, ge=0, le=1)
+    cjk_ngram_scale: int = Field(2, gt=0, description="Chinese n-grams are n x this many characters (a word is about two).")
+    cjk_threshold_scale: float = Field(
+        2.5, ge=1, description="Chinese documents: the n-gram thresholds times this (capped at 1). Chinese legal and "
+        "technical prose repeats long noun phrases, and verse repeats lines on purpose (叠句).")
+
+
+class C4LinesConfig(_Section):
+    enabled: bool = Field(True, description="C4 / FineWeb-style line rules.")
+    min_terminal_line_share: Optional[float] = Field(
+        0.12, ge=0, le=1, description="Share of lines ending in terminal punctuation (. ! ? 。 ！ ？ … and closing quotes).")
+    terminal_punctuation_for_zh: bool = Field(
+        False, description="Apply the terminal-punctuation rule to Chinese documents too (off: verse lines often end without).")
+    short_line_chars: int = Field(30, gt=0, description="A non-Chinese line this long or shorter is short.")
+    short_line_chars_cjk: int = Field(5, gt=0, description="A line of a Chinese document this long or shorter is short.")
+    max_short_line_share: Optional[float] = Field(0.67, ge=0, le=1, description="Share of short lines (navigation, menus).")
+    lorem_ipsum: bool = Field(True, description="Drop documents containing 'lorem ipsum'.")
+    max_boilerplate_line_share: Optional[float] = Field(
+        0.3, ge=0, le=1, description="Share of lines with JavaScript / cookie / policy / copyright boilerplate.")
+
+
+class ChineseConfig(_Section):
+    enabled: bool = Field(True, description="Rules for garbled and degenerate text; most matter for Chinese.")
+    max_garbled_share: Optional[float] = Field(
+        0.01, ge=0, le=1, description="Replacement, private-use and C1 control characters and mojibake, per non-space character.")
+    max_char_run: Optional[int] = Field(16, gt=0, description="Longest run of one repeated letter (哈哈哈..., aaaa...).")
+    max_punct_density: Optional[float] = Field(0.5, ge=0, le=1, description="Punctuation and symbols per non-space character.")
+    min_cjk_share: Optional[float] = Field(None, ge=0, le=1, description="Chinese documents: CJK share of letters (null: report only).")
+    max_traditional_share: Optional[float] = Field(
+        None, ge=0, le=1, description="Chinese documents: traditional-only among marked characters (null: report only).")
+
+
+class ScriptConfig(_Section):
+    keep: Optional[list[Literal["han", "kana", "hangul", "latin", "cyrillic", "greek", "arabic", "other"]]] = Field(
+        None, description="Keep documents whose letters are mostly in these Unicode scripts, e.g. [han, latin] (null: all).")
+    min_share: float = Field(0.8, ge=0, le=1, description="Share of letters that must be in the kept scripts (script_mix).")
+    cjk_share: float = Field(0.3, ge=0, le=1, description="A document whose letters are at least this CJK is treated as Chinese.")
+
+
+class BoilerplateLinesConfig(_Section):
+    enabled: bool = Field(True, description="Remove lines that recur in many documents of the same source (headers, "
+                          "licence banners, navigation), counted across the corpus.")
+    min_docs: int = Field(10, ge=2, description="A line must appear in at least this many documents of its source...")
+    min_doc_share: float = Field(0.05, ge=0, le=1, description="...and in at least this share of the source's documents.")
+    min_width: int = Field(6, ge=1, description="Lines narrower than this (a CJK character is 2 wide) are never removed.")
+
+
 class FilterConfig(_Section):
     length: LengthFilterConfig = Field(default_factory=LengthFilterConfig)
+    gopher_quality: GopherQualityConfig = Field(default_factory=GopherQualityConfig)
+    gopher_repetition: GopherRepetitionConfig = Field(default_factory=GopherRepetitionConfig)
+    c4: C4LinesConfig = Field(default_factory=C4LinesConfig)
+    chinese: ChineseConfig = Field(default_factory=ChineseConfig)
+    scripts: ScriptConfig = Field(default_factory=ScriptConfig)
+    boilerplate_lines: BoilerplateLinesConfig = Field(default_factory=BoilerplateLinesConfig)
+    keep_scores: bool = Field(True, description="Keep every document's scores in 02-filter.scores/ so a changed threshold "
+                              "is re-applied on --resume without recomputing them.")
 
 
 class ShinglingConfig(_Section):

@@ -54,6 +54,47 @@ def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: 
             lines.append(f"| {name} | {reason} | {n:,} | {_pct(n, total)} |")
     lines.append("")
 
+    flt = stats.get("filter") or {}
+    rules = extra.get("filter", {}).get("rules") or {}
+    if rules:
+        from stages.quality import describe_rules
+
+        meaning = describe_rules()
+        removed_f = flt.get("removed", {})
+        lines += ["### Filter rules (first failing rule is the reason; thresholds from `filter:`)", "",
+                  "| reason | score | keeps when | applies to | removed | what it means |", "|---|---|---|---|---:|---|"]
+        shown = set()
+        for r in rules:
+            name = r["reason"]
+            cmp = ">=" if r["kind"] == "min" else "<="
+            scope = r["applies_to"].replace("_", "-") + (f", {r['guard'][0]} >= {r['guard'][1]:g}" if r.get("guard") else "")
+            count = f"{removed_f.get(name, 0):,}" if name not in shown else "(above)"
+            shown.add(name)
+            lines.append(f"| {name} | `{r['column']}` | {cmp} {r['threshold']:g} | {scope} | {count} | {meaning.get(name, '')} |")
+        lines.append("")
+    if flt.get("by_lang"):
+        lines += ["### Filter by language (detected from Unicode scripts)", "",
+                  "| language | in | kept | removed | top reasons |", "|---|---:|---:|---:|---|"]
+        for lang, c in sorted(flt["by_lang"].items(), key=lambda kv: -kv[1]["in"]):
+            top = sorted((flt.get("removed_by_lang", {}).get(lang) or {}).items(), key=lambda kv: -kv[1])[:4]
+            lines.append(f"| {lang} | {c['in']:,} | {c['out']:,} | {c['in'] - c['out']:,} | "
+                         + ", ".join(f"{k} {v:,}" for k, v in top) + " |")
+        lines.append("")
+    if flt.get("by_source"):
+        lines += ["### Filter by source", "", "| source | in | kept | removed | boilerplate lines removed | top reasons |",
+                  "|---|---:|---:|---:|---:|---|"]
+        for src, c in sorted(flt["by_source"].items(), key=lambda kv: -kv[1]["in"])[:40]:
+            top = sorted((flt.get("removed_by_source", {}).get(src) or {}).items(), key=lambda kv: -kv[1])[:3]
+            lines.append(f"| {_md_escape(src)} | {c['in']:,} | {c['out']:,} | {c['in'] - c['out']:,} | "
+                         f"{flt.get('lines_removed_by_source', {}).get(src, 0):,} | " + ", ".join(f"{k} {v:,}" for k, v in top) + " |")
+        if len(flt["by_source"]) > 40:
+            lines.append(f"| ({len(flt['by_source']) - 40} more sources in `02-filter/_DONE.json`) | | | | | |")
+        bl = flt.get("boilerplate_lines") or {}
+        lines += ["", f"Boilerplate lines: {bl.get('distinct_lines', 0):,} distinct lines recur in enough documents of their "
+                  f"source to be removed; {flt.get('lines_removed', 0):,} line occurrences removed in all."
+                  + (" Scores were reused from an earlier run (only the thresholds changed)." if flt.get("scores_reused") else ""),
+                  ""]
+
     q = extra.get("read", {}).get("quarantine_examples") or []
     if q:
         lines += ["### Quarantined records (first 10; all in `00-read/quarantine.jsonl`)", "",
@@ -131,6 +172,11 @@ def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: 
 
 
 def write_report(out: Path, ledger: dict, stats: dict, extra: dict, seconds: dict, train: Optional[dict]) -> Path:
+    """report.md, and report.html: the same content with histograms of the filter scores."""
+    from .report_html import render_html
+
+    text = render_report(ledger, stats, extra, seconds, train)
     path = Path(out) / "report.md"
-    path.write_text(render_report(ledger, stats, extra, seconds, train), encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
+    (Path(out) / "report.html").write_text(render_html(text, extra), encoding="utf-8")
     return path

@@ -25,7 +25,10 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 from dask import delayed
 
-from stages import components, exact_dedup, filters, minhash, near_dedup, normalize, pack, read, shard, simhash, tokenize
+from stages import (
+    boilerplate, components, exact_dedup, filters, minhash, near_dedup, normalize, pack, quality, read, shard, simhash,
+    tokenize,
+)
 from stages.shingles import ShingleSpec
 from stages.base import merge_stats, write_table_atomic
 
@@ -183,8 +186,9 @@ class Pipeline:
                 h = cfg.section_hash("normalize", extra=h)
                 self._stage("normalize", h, lambda d: self._map("read", d, normalize.normalize_batch, cfg.normalize.model_dump())[0],
                             _docs_summary)
+                normalized = h
                 h = cfg.section_hash("filter", extra=h)
-                self._stage("filter", h, self._filter, _docs_summary)
+                self._stage("filter", h, lambda d: self._filter(d, normalized), _docs_summary)
                 last, h = self._dedup_stages("filter", h, normalize_opts=None)
                 build_ledger(self.stats, self.doc_stages)  # checked before the long tokenizer work starts
                 h = cfg.section_hash("tokenizer", extra=[h, cfg.train.model.vocab_size])
@@ -270,13 +274,75 @@ class Pipeline:
         self.extra["read"] = {"quarantine_examples": [rec for r in results for rec in r["quarantine"]][:20]}
         return stats
 
-    def _filter(self, folder: Path) -> dict:
-        f = self.cfg.filter
-        stats, _ = self._map("normalize", folder, filters.length_filter_batch,
-                             {"min_chars": f.length.min_chars, "min_words": f.length.min_words,
-                              "max_chars": f.length.max_chars})
-        self.extra["filter"] = {"examples": _removed_examples(folder / "removed", self.stage_dir("normalize"))}
+    def _filter(self, folder: Path, input_hash: str) -> dict:
+        """Boilerplate lines, then quality scores, then the keep/drop decision. Lines and scores are
+        cached beside the stage (02-filter.scores/) under a hash of what they depend on, so a
+        changed threshold reruns only the decision."""
+        fc = self.cfg.filter
+        parts = self.parts("normalize")
+        score_options = {"cjk_share": fc.scripts.cjk_share, "cjk_ngram_scale": fc.gopher_repetition.cjk_ngram_scale,
+                         "short_line_chars": fc.c4.short_line_chars, "short_line_chars_cjk": fc.c4.short_line_chars_cjk}
+        cache = self.out / (self.stage_dir("filter").name + ".scores")
+        scoring_hash = self.cfg.section_hash(extra=[input_hash, fc.boilerplate_lines.model_dump(), score_options,
+                                                    quality.SCORES_VERSION])
+        marker = cache / "_DONE.json"
+        reuse = fc.keep_scores and marker.is_file() and json.loads(marker.read_text())["scoring_hash"] == scoring_hash
+        if not reuse and cache.exists():
+            shutil.rmtree(cache)
+        cache.mkdir(exist_ok=True)
+        drop_lines, line_stats = self._boilerplate_lines(parts, cache, reuse)
+        drop_future = self.client.scatter(drop_lines, broadcast=True) if drop_lines else None
+        rules = quality.rule_table(fc)
+        tasks = []
+        for p in parts:
+            kwargs = {"rules": rules, "drop_lines": drop_future, "keep_scripts": fc.scripts.keep,
+                      "min_script_share": fc.scripts.min_share, "score_options": score_options,
+                      "scores_path": str(cache / Path(p).name) if fc.keep_scores else None, "reuse_scores": reuse}
+            tasks.append(delayed(run_batch_part)(filters.filter_batch, p, str(folder), "pandas", kwargs))
+        results = run_tasks(self.client, tasks, "02-filter: " + ("decide (scores reused)" if reuse else "score + decide"))
+        stats: dict = {}
+        for r in results:
+            merge_stats(stats, r["stats"])
+        if fc.keep_scores and not reuse:
+            _write_json_atomic(marker, {"scoring_hash": scoring_hash, "finished_utc": _utc_now()})
+        stats["scores_reused"] = bool(reuse)
+        stats["boilerplate_lines"] = line_stats
+        self.extra["filter"] = {
+            "examples": _removed_examples(folder / "removed", self.stage_dir("normalize")),
+            "rules": [{"reason": name, "column": col, "kind": kind, "threshold": limit, "applies_to": applies,
+                       "guard": list(guard) if guard else None} for name, col, kind, limit, applies, guard in rules],
+            "scores_dir": str(cache) if fc.keep_scores else None,
+        }
         return stats
+
+    def _boilerplate_lines(self, parts: list[str], cache: Path, reuse: bool) -> tuple[dict, dict]:
+        """{source: set of line hashes} to remove: lines in at least `min_docs` documents and
+        `min_doc_share` of their source's documents, counted with a Dask groupby over the corpus."""
+        bc = self.cfg.filter.boilerplate_lines
+        if not bc.enabled:
+            return {}, {"enabled": False}
+        path = cache / "boilerplate_lines.parquet"
+        if not (reuse and path.is_file()):
+            meta = pd.DataFrame({"source": pd.Series(dtype="string"), "hash": pd.Series(dtype="int64"),
+                                 "docs": pd.Series(dtype="int64")})
+            counted = dd.from_map(boilerplate.count_lines_part, parts, min_width=bc.min_width, meta=meta,
+                                  enforce_metadata=False)
+            totals = counted.groupby(["source", "hash"])["docs"].sum(split_out=max(1, len(parts) // 4))
+            per_source = totals[totals < 0]  # hash 0 rows carry -(documents of the source)
+            frequent = totals[totals >= bc.min_docs]
+            with _ProgressNote(self.log, "02-filter: counting lines across the corpus"):
+                source_docs, frequent = self.client.compute([per_source, frequent], sync=True)
+            source_docs = (-source_docs).reset_index().groupby("source")["docs"].sum()
+            frequent = frequent.reset_index()
+            need = np.maximum(bc.min_docs, bc.min_doc_share * frequent["source"].map(source_docs).to_numpy(dtype=float))
+            chosen = frequent[(frequent["docs"].to_numpy() >= need) & (frequent["hash"].to_numpy() != 0)]
+            write_table_atomic(pa.Table.from_pandas(chosen.reset_index(drop=True), preserve_index=False), path)
+        chosen = pq.read_table(path).to_pandas()
+        drop = {str(s): set(g["hash"].tolist()) for s, g in chosen.groupby("source")}
+        stats = {"enabled": True, "distinct_lines": int(len(chosen)),
+                 "by_source": {s: len(v) for s, v in sorted(drop.items(), key=lambda kv: -len(kv[1]))[:20]}}
+        self.log(f"  filter: {len(chosen)} boilerplate lines in {len(drop)} sources")
+        return drop, stats
 
     def _exact_dedup(self, folder: Path, source_stage: str, normalize_opts: Optional[dict]) -> dict:
         parts = self.parts(source_stage)
@@ -676,6 +742,23 @@ class Pipeline:
             "tokens": manifest["total_tokens"],
             "bytes": sum(x["bytes"] for x in files),
         }
+
+
+class _ProgressNote:
+    """A line when a blocking step starts and its seconds when it ends (for steps with no task count)."""
+
+    def __init__(self, log, label: str):
+        self.log, self.label = log, label
+
+    def __enter__(self):
+        self.started = time.perf_counter()
+        self.log(f"  {self.label} ...")
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            self.log(f"  {self.label}: done in {time.perf_counter() - self.started:.1f}s")
+        return False
 
 
 def _removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3) -> dict:

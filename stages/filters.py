@@ -1,60 +1,89 @@
-"""Document length filter, CJK-aware: a CJK character counts as a word, since Chinese has no spaces.
-
-Each rule's score is computed apart from its keep/drop decision (as in NeMo Curator), so removed
-documents carry the score and the threshold that removed them.
+"""The filter stage's batch step: boilerplate lines removed, quality scores computed (or loaded),
+thresholds applied. Scores are kept apart from the decision (as in NeMo Curator): a part's scores
+are written once and a changed threshold is re-applied to them without recomputing.
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from .base import BatchResult, removed_frame
-
-CJK = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}"
-SPACE = r"[\s\p{Z}]"
-LATIN_WORD = rf"[^\s\p{{Z}}\p{{P}}\p{{S}}{CJK}]+"
+from .base import BatchResult, removed_frame, write_table_atomic
+from .boilerplate import strip_lines
+from .quality import decide, score_texts
 
 
-def length_scores(texts: pa.Array) -> pd.DataFrame:
-    """Per-document counts: characters, non-space characters, CJK characters and words."""
-    chars = pc.utf8_length(texts).to_numpy(zero_copy_only=False).astype(np.int64)
-    spaces = pc.count_substring_regex(texts, SPACE).to_numpy(zero_copy_only=False).astype(np.int64)
-    cjk = pc.count_substring_regex(texts, f"[{CJK}]").to_numpy(zero_copy_only=False).astype(np.int64)
-    words = pc.count_substring_regex(texts, LATIN_WORD).to_numpy(zero_copy_only=False).astype(np.int64)
-    return pd.DataFrame({"chars": chars, "nonspace_chars": chars - spaces, "cjk_chars": cjk, "words": words + cjk})
-
-
-def length_filter_batch(df: pd.DataFrame, min_chars: int = 0, min_words: int = 0, max_chars: Optional[int] = None) -> BatchResult:
-    """Keep documents within the length bounds; the first failing rule is the reason."""
-    scores = length_scores(pa.array(df["text"], type=pa.string()))
-    rules = [
-        ("too_few_chars", scores["nonspace_chars"], scores["nonspace_chars"] < min_chars, min_chars),
-        ("too_few_words", scores["words"], scores["words"] < min_words, min_words),
-    ]
-    if max_chars is not None:
-        rules.append(("too_many_chars", scores["chars"], scores["chars"] > max_chars, max_chars))
-    n = len(df)
-    reason = np.full(n, None, dtype=object)
-    score = np.full(n, np.nan)
-    threshold = np.full(n, np.nan)
-    for name, value, failed, limit in rules:
-        hit = failed.to_numpy() & pd.isna(reason)
-        reason[hit] = name
-        score[hit] = value.to_numpy()[hit]
-        threshold[hit] = limit
+def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = None, scores_path: Optional[str] = None,
+                 reuse_scores: bool = False, keep_scripts: Optional[list[str]] = None, min_script_share: float = 0.0,
+                 score_options: Optional[dict] = None) -> BatchResult:
+    """Clean, score (or load the scores of) and decide one partition; the first failing rule is
+    each removed document's reason, with its score and threshold."""
+    texts, sources = df["text"].tolist(), df["source"].fillna("").tolist()
+    lines_removed = np.zeros(len(df), dtype=np.int64)
+    if drop_lines:
+        texts, lines_removed = strip_lines(texts, sources, drop_lines)
+    if reuse_scores and scores_path and os.path.isfile(scores_path):
+        scores = pq.read_table(scores_path).to_pandas()
+        if len(scores) != len(df) or not np.array_equal(scores["uid"].to_numpy(), df["uid"].to_numpy(dtype="int64")):
+            raise RuntimeError(f"{scores_path}: stored scores do not match the partition's documents")
+        scores = scores.drop(columns=["uid", "lines_removed"])
+    else:
+        scores = score_in_chunks(texts, score_options or {})
+        if scores_path:
+            stored = pa.Table.from_pandas(scores, preserve_index=False)
+            stored = stored.add_column(0, "uid", pa.array(df["uid"].to_numpy(dtype="int64")))
+            write_table_atomic(stored.append_column("lines_removed", pa.array(lines_removed)), Path(scores_path))
+    reason, score, threshold = decide(scores, rules, keep_scripts, min_script_share)
     drop = pd.notna(reason)
-    removed = df[drop]
-    removed_out = removed_frame(removed, pd.Series(reason[drop]), pd.Series(score[drop]), pd.Series(threshold[drop]))
+    out = df.copy()
+    if lines_removed.any():
+        out["text"] = pd.arrays.ArrowExtensionArray(pa.array(texts, pa.string()))
+    removed_out = removed_frame(df[drop], pd.Series(reason[drop]), pd.Series(score[drop]), pd.Series(threshold[drop]))
     counts = pd.Series(reason[drop]).value_counts().to_dict() if drop.any() else {}
+    lang = scores["lang"].to_numpy()
+    src = np.asarray(sources, dtype=object)
     stats = {
-        "docs_in": n,
-        "docs_out": int(n - drop.sum()),
+        "docs_in": len(df),
+        "docs_out": int(len(df) - drop.sum()),
         "removed": {str(k): int(v) for k, v in counts.items()},
-        "chars_out": int(scores["chars"][~drop].sum()),
-        "cjk_chars_out": int(scores["cjk_chars"][~drop].sum()),
+        "chars_out": int(scores["chars"].to_numpy()[~drop].sum()),
+        "cjk_chars_out": int(scores["cjk_chars"].to_numpy()[~drop].sum()),
+        "lines_removed": int(lines_removed.sum()),
+        "lines_removed_by_source": _sum_by(src, lines_removed),
+        "by_source": {s: {"in": int((src == s).sum()), "out": int(((src == s) & ~drop).sum())} for s in np.unique(src)},
+        "by_lang": {lg: {"in": int((lang == lg).sum()), "out": int(((lang == lg) & ~drop).sum())} for lg in np.unique(lang)},
+        "removed_by_lang": {lg: _counts(reason[drop & (lang == lg)]) for lg in np.unique(lang)},
+        "removed_by_source": {s: _counts(reason[drop & (src == s)]) for s in np.unique(src[drop])} if drop.any() else {},
     }
-    return BatchResult(kept=df[~drop].reset_index(drop=True), removed=removed_out, stats=stats)
+    return BatchResult(kept=out[~drop].reset_index(drop=True), removed=removed_out, stats=stats)
+
+
+SCORE_CHUNK_CHARS = 4_000_000  # scoring holds about 60 bytes per character: chunks bound the memory
+
+
+def score_in_chunks(texts: list[str], options: dict) -> pd.DataFrame:
+    """`score_texts` over runs of documents of about SCORE_CHUNK_CHARS characters each."""
+    frames, start, size = [], 0, 0
+    for i, t in enumerate(texts):
+        size += len(t)
+        if size >= SCORE_CHUNK_CHARS or i == len(texts) - 1:
+            frames.append(score_texts(pa.array(texts[start:i + 1], pa.string()), **options))
+            start, size = i + 1, 0
+    return pd.concat(frames, ignore_index=True) if frames else score_texts(pa.array([], pa.string()), **options)
+
+
+def _counts(values: np.ndarray) -> dict[str, int]:
+    keys, n = np.unique(values.astype(str), return_counts=True) if len(values) else ([], [])
+    return {str(k): int(v) for k, v in zip(keys, n)}
+
+
+def _sum_by(keys: np.ndarray, values: np.ndarray) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k in np.unique(keys[values > 0]) if (values > 0).any() else []:
+        out[str(k)] = int(values[keys == k].sum())
+    return out

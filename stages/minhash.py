@@ -75,6 +75,8 @@ def optimal_bands(threshold: float, num_perm: int, verify: bool = True) -> tuple
 def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """(n_docs, bands) 64-bit keys, each folding one band of `rows` signature values."""
     keys = np.zeros((sig.shape[0], bands), dtype=np.uint64)
+    if sig.shape[0] == 0:  # an empty partition (its signature matrix may have lost its width)
+        return keys
     with np.errstate(over="ignore"):
         for j in range(rows):
             keys = keys * FOLD_PRIME + sig[:, j : bands * rows : rows].astype(np.uint64)

@@ -22,16 +22,49 @@ CJK_PUNCT = "！（），：；？～"
 _PROTECT = [(ch, chr(0xF0000 + i)) for i, ch in enumerate(CJK_PUNCT)]  # private-use stand-ins
 
 
+HTML_ENTITY = r"&(#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});"
+FULLWIDTH = "[\\x{ff01}-\\x{ff5e}\\x{3000}]"
+
+
+def _fullwidth_table(keep_cjk_punctuation: bool) -> dict[int, int]:
+    table = {c: c - 0xFEE0 for c in range(0xFF01, 0xFF5F)}
+    table[0x3000] = 0x20  # ideographic space
+    if keep_cjk_punctuation:
+        for ch in CJK_PUNCT:
+            table.pop(ord(ch), None)
+    return table
+
+
+def _map_matching(arr: pa.Array, pattern: str, fn) -> pa.Array:
+    """Apply a Python function only to the strings matching `pattern` (usually few)."""
+    hit = pc.match_substring_regex(arr, pattern)
+    if not pc.any(hit).as_py():
+        return arr
+    values = arr.to_pylist()
+    for i in pc.indices_nonzero(hit).to_pylist():
+        values[i] = fn(values[i])
+    return pa.array(values, pa.string())
+
+
 def normalize_array(
     arr: pa.Array,
     nfkc: bool = True,
     strip_control: bool = True,
     fold_whitespace: bool = True,
     keep_cjk_punctuation: bool = True,
+    fullwidth_ascii: bool = True,
+    html_entities: bool = True,
 ) -> pa.Array:
     """Normalise a string array; each step can be switched off."""
+    import html
+
     arr = pc.replace_substring(arr, "\r\n", "\n")
     arr = pc.replace_substring(arr, "\r", "\n")
+    if html_entities:
+        arr = _map_matching(arr, HTML_ENTITY, html.unescape)
+    if fullwidth_ascii and not nfkc:
+        table = _fullwidth_table(keep_cjk_punctuation)
+        arr = _map_matching(arr, FULLWIDTH, lambda t: t.translate(table))
     if nfkc:
         if keep_cjk_punctuation:
             for ch, stand_in in _PROTECT:

@@ -147,11 +147,13 @@ def shingle_strings(text: str, spec: ShingleSpec = ShingleSpec()) -> list[str]:
     return [" ".join(comps[i : i + n]) for i in range(len(comps) - n + 1)]
 
 
-def _component_hashes(texts: pa.Array, cjk: np.ndarray, spec: ShingleSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Flat uint64 component hashes of all documents and the per-document component counts."""
+def _component_hashes(texts: pa.Array, cjk: np.ndarray, spec: ShingleSpec, with_lengths: bool = False):
+    """Flat uint64 component hashes of all documents and the per-document component counts (and,
+    `with_lengths`, each component's length in characters)."""
     n = len(texts)
     counts = np.zeros(n, dtype=np.int64)
     parts: list[tuple[np.ndarray, np.ndarray]] = []  # (doc indices, flat hashes in doc order)
+    lengths_of: list[np.ndarray] = []
     word_idx = np.flatnonzero(~cjk)
     if len(word_idx):
         flat, lengths = _words(_strip_punct(texts.take(pa.array(word_idx)), spec))
@@ -161,6 +163,8 @@ def _component_hashes(texts: pa.Array, cjk: np.ndarray, spec: ShingleSpec) -> tu
         hashes = table[encoded.indices.to_numpy(zero_copy_only=False)] if len(uniques) else np.empty(0, np.uint64)
         counts[word_idx] = lengths
         parts.append((word_idx, hashes))
+        if with_lengths:
+            lengths_of.append(pc.utf8_length(flat).to_numpy(zero_copy_only=False).astype(np.float64))
     cjk_idx = np.flatnonzero(cjk)
     if len(cjk_idx):
         docs = texts.take(pa.array(cjk_idx)).to_pylist()
@@ -177,18 +181,23 @@ def _component_hashes(texts: pa.Array, cjk: np.ndarray, spec: ShingleSpec) -> tu
             lut[c] = xxhash.xxh3_64_intdigest(chr(c).encode("utf-8"))
         counts[cjk_idx] = np.bincount(doc_of, minlength=len(docs))
         parts.append((cjk_idx, lut[points]))
+        if with_lengths:
+            lengths_of.append(np.ones(len(points), dtype=np.float64))
     # interleave the two groups back into document order
     starts = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     flat = np.empty(starts[-1], dtype=np.uint64)
-    for idx, hashes in parts:
+    comp_len = np.empty(starts[-1], dtype=np.float64) if with_lengths else None
+    for k, (idx, hashes) in enumerate(parts):
         sub_counts = counts[idx]
         sub_starts = np.zeros(len(idx) + 1, dtype=np.int64)
         np.cumsum(sub_counts, out=sub_starts[1:])
         # positions in `flat` of every component of these documents
         dest = np.repeat(starts[idx] - sub_starts[:-1], sub_counts) + np.arange(sub_starts[-1])
         flat[dest] = hashes
-    return flat, counts
+        if with_lengths:
+            comp_len[dest] = lengths_of[k]
+    return (flat, counts, comp_len) if with_lengths else (flat, counts)
 
 
 def shingle_hashes(texts: pa.Array, spec: ShingleSpec = ShingleSpec()) -> tuple[np.ndarray, np.ndarray]:

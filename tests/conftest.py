@@ -11,6 +11,11 @@ os.environ.setdefault("GLOG_v", "3")
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+# synthetic test corpora are word salad: only the length rule (the quality rules have their own tests)
+LENGTH_ONLY_FILTER = {"gopher_quality": {"enabled": False}, "gopher_repetition": {"enabled": False},
+                      "c4": {"enabled": False}, "chinese": {"enabled": False}}
+
+
 @pytest.fixture(scope="session")
 def dask_client():
     from distributed import Client, LocalCluster

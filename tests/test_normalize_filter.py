@@ -1,39 +1,156 @@
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pytest
 
-from stages.filters import length_filter_batch, length_scores
+from pipeline.config import FilterConfig
+from stages.boilerplate import line_width, strip_lines, line_hash
+from stages.filters import filter_batch
 from stages.normalize import normalize_batch
+from stages.quality import decide, rule_table, score_texts
+
+EN_PROSE = ("The river ran past the old mill and the children of the village would sit on the stone wall to watch "
+            "the water turn the great wheel. In the evening their parents came to take them home, and the miller, "
+            "who had known every one of them since they were born, waved to them from his door. ") * 2
+ZH_PROSE = ("第一条 为了规范城市道路的管理，保障城市道路完好，充分发挥城市道路功能，促进城市经济和社会发展，制定本条例。"
+            "第二条 本条例所称城市道路，是指城市供车辆、行人通行的，具备一定技术条件的道路、桥梁及其附属设施。")
+POEM = "建鄴懷古\n楊乘\n故城故壘滿江濆，盡是干戈舊苦辛。\n見此即須知帝力，生來便作太平人。"
 
 
-def _docs(texts):
+def _docs(texts, source="s"):
     return pd.DataFrame({"uid": range(len(texts)), "id": [f"d{i}" for i in range(len(texts))], "text": texts,
-                         "source": "s", "meta": None})
+                         "source": source, "meta": None})
 
 
-def test_normalize_nfkc_controls_whitespace():
-    df = _docs(["Ｈｅｌｌｏ\u200b  wor\x00ld\r\n\n\n\nnext \x1b[33mline\x1b[m  \t", "你好，世界！（测试）"])
+def test_normalize_nfkc_controls_whitespace_entities():
+    df = _docs(["Ｈｅｌｌｏ\u200b  wor\x00ld\r\n\n\n\nnext \x1b[33mline\x1b[m  \t", "你好，世界！（测试）", "a &amp; b &#20013;"])
     r = normalize_batch(df)
-    assert r.kept["text"].tolist() == ["Hello world\n\nnext line", "你好，世界！（测试）"]
-    assert r.stats["docs_changed"] == 1 and r.stats["docs_in"] == r.stats["docs_out"] == 2
+    assert r.kept["text"].tolist() == ["Hello world\n\nnext line", "你好，世界！（测试）", "a & b 中"]
+    assert r.stats["docs_changed"] == 2 and r.stats["docs_in"] == r.stats["docs_out"] == 3
     # each step can be switched off
-    plain = normalize_batch(df, nfkc=False, strip_control=False, fold_whitespace=False, keep_cjk_punctuation=False)
-    assert plain.kept["text"][0].startswith("Ｈｅｌｌｏ\u200b  wor\x00ld")
-    ascii_punct = normalize_batch(df, keep_cjk_punctuation=False)
-    assert ascii_punct.kept["text"][1] == "你好,世界!(测试)"
+    plain = normalize_batch(df, nfkc=False, strip_control=False, fold_whitespace=False, keep_cjk_punctuation=False,
+                            fullwidth_ascii=False, html_entities=False)
+    assert plain.kept["text"][0].startswith("Ｈｅｌｌｏ\u200b  wor\x00ld") and plain.kept["text"][2] == "a &amp; b &#20013;"
+    assert normalize_batch(df, keep_cjk_punctuation=False).kept["text"][1] == "你好,世界!(测试)"
+    # full-width ASCII to half-width without the rest of NFKC, keeping Chinese punctuation
+    assert normalize_batch(_docs(["Ｈｉ，ＡＢＣ１２３！"]), nfkc=False).kept["text"][0] == "Hi，ABC123！"
 
 
-def test_cjk_characters_count_as_words():
-    s = length_scores(pd.array(["hello big world", "今天天气很好", "mixed 中文 text!"], dtype="string[pyarrow]").__arrow_array__())
-    assert s["words"].tolist() == [3, 6, 4]
-    assert s["cjk_chars"].tolist() == [0, 6, 2]
-    assert s["nonspace_chars"].tolist() == [13, 6, 12]
+def test_scores_are_cjk_aware():
+    s = score_texts(pa.array(["hello big world", "今天天气很好", "mixed 中文 text!", POEM]))
+    assert s["words"].tolist() == [3, 6, 4, 34]
+    assert s["cjk_chars"].tolist() == [0, 6, 2, 34]
+    assert s["lang"].tolist() == ["en", "zh", "en", "zh"]
+    assert s["nonspace_chars"].tolist()[:3] == [13, 6, 12]
+    assert s.loc[3, "traditional_share"] == 1.0 and np.isnan(s.loc[0, "traditional_share"])
 
 
-def test_length_filter_reasons_scores_thresholds():
-    df = _docs(["short", "今天天气很好，我们去公园散步吧。", "x" * 50, "a b c d e f g h i j k l"])
-    r = length_filter_batch(df, min_chars=8, min_words=10, max_chars=40)
+def test_repetition_and_line_scores():
+    spam = "buy now " * 40
+    lines = "\n".join(["same line here"] * 6 + ["another line."])
+    s = score_texts(pa.array([EN_PROSE, spam, lines, "aaaaaaaaaaaaaaaaaaaaaaaaa is here", "Ã©tÃ© â€œquoteâ€ \ufffd"]))
+    assert s.loc[1, "top_2gram_share"] > 0.9 and s.loc[1, "dup_5gram_share"] > 0.9
+    assert s.loc[0, "dup_line_share"] == 0 and s.loc[2, "dup_line_share"] == pytest.approx(5 / 7)
+    assert s.loc[3, "max_char_run"] == 25
+    assert s.loc[4, "garbled_share"] > 0.1
+    # the prose repeats itself exactly twice: the second copy, half of it, is covered by repeated 10-grams
+    assert 0.45 < s.loc[0, "dup_10gram_share"] <= 0.5
+
+
+def test_default_rules_keep_prose_laws_poems_and_drop_junk():
+    cfg = FilterConfig()
+    texts = [EN_PROSE[: len(EN_PROSE) // 2], ZH_PROSE, POEM,
+             "Beechy \\Beech\"y\\, a.\n   Of or relating to beeches.\n   [1913 Webster]",  # dictionary fragment
+             "Home\nNews\nSports\nWeather\nContact us\nAbout\nLogin\nSearch",  # navigation
+             "哈" * 40 + "，" + ZH_PROSE,  # a degenerate run
+             "Ã©tÃ© â€œquoteâ€ " * 20 + EN_PROSE[:300]]  # mojibake
+    r = filter_batch(_docs(texts), rule_table(cfg))
+    assert r.kept["id"].tolist() == ["d0", "d1", "d2"], r.removed[["id", "reason", "score", "threshold"]]
+    reasons = r.removed.set_index("id")["reason"].to_dict()
+    assert reasons == {"d3": "gopher_few_words", "d4": "too_few_chars" if len(texts[4].replace("\n", "")) < 32
+                       else "gopher_few_words", "d5": "char_run", "d6": "garbled"}
+    assert r.stats["by_lang"]["zh"] == {"in": 3, "out": 2} and r.stats["removed_by_lang"]["zh"] == {"char_run": 1}
     removed = r.removed.set_index("id")
-    assert removed.loc["d0", "reason"] == "too_few_chars" and removed.loc["d0", "score"] == 5 and removed.loc["d0", "threshold"] == 8
-    assert removed.loc["d2", "reason"] == "too_few_words"
-    assert r.kept["id"].tolist() == ["d1", "d3"]  # 15 CJK words >= 10; 12 latin words
-    assert r.stats["removed"] == {"too_few_chars": 1, "too_few_words": 1}
-    assert r.stats["docs_in"] == r.stats["docs_out"] + sum(r.stats["removed"].values())
+    assert removed.loc["d5", "score"] == 40 and removed.loc["d5", "threshold"] == 16
+
+
+def test_score_kept_apart_from_decision(tmp_path):
+    cfg = FilterConfig()
+    df = _docs([EN_PROSE[: len(EN_PROSE) // 2], ZH_PROSE, POEM])
+    first = filter_batch(df, rule_table(cfg), scores_path=str(tmp_path / "s.parquet"))
+    assert (tmp_path / "s.parquet").is_file() and len(first.kept) == 3
+    strict = FilterConfig(gopher_quality={"min_cjk_chars": 40})
+    again = filter_batch(df, rule_table(strict), scores_path=str(tmp_path / "s.parquet"), reuse_scores=True)
+    assert again.removed["id"].tolist() == ["d2"] and again.removed["reason"].tolist() == ["gopher_few_words"]
+    scores = score_texts(pa.array(df["text"]))
+    reason, _, _ = decide(scores, rule_table(strict), keep_scripts=["latin"], min_script_share=0.5)
+    assert reason.tolist() == [None, "script_mix", "gopher_few_words"]
+
+
+def test_boilerplate_lines_are_stripped_and_counted():
+    banner = "*** START OF THE PROJECT GUTENBERG EBOOK ***"
+    texts = [f"{banner}\nChapter {i}\nIt was a dark night." for i in range(3)]
+    out, removed = strip_lines(texts, ["g"] * 3, {"g": {line_hash(banner)}})
+    assert out[0] == "Chapter 0\nIt was a dark night." and removed.tolist() == [1, 1, 1]
+    assert line_width("上一页") == 6 and line_width("abc") == 3
+
+
+def _reference_ngram_scores(words: list[str], n: int) -> tuple[float, float]:
+    """Plain-Python top_n share and dup_n coverage of one word list."""
+    import collections
+
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    total = sum(len(w) for w in words)
+    counts = collections.Counter(grams)
+    top = max((c * sum(len(w) for w in g) for g, c in counts.items() if c > 1), default=0) / total
+    covered, seen = [False] * len(words), set()
+    for i, g in enumerate(grams):
+        if g in seen:  # a later occurrence: the first one is the original
+            covered[i:i + n] = [True] * n
+        seen.add(g)
+    return min(top, 1.0), sum(len(w) for w, c in zip(words, covered) if c) / total
+
+
+def test_pruned_ngram_scores_equal_a_plain_count():
+    import random
+
+    from stages import quality
+
+    rng = random.Random(5)
+    vocab = ["alpha", "be", "cat", "dog", "eel", "fig", "go", "hat"]
+    docs = []
+    for _ in range(30):
+        words = [rng.choice(vocab) for _ in range(rng.randint(3, 120))]
+        if rng.random() < 0.5:  # plant a repeated passage
+            i = rng.randint(0, max(0, len(words) - 12))
+            words += words[i:i + 12]
+        docs.append(words)
+    texts = pa.array([" ".join(d) for d in docs])
+    for chunk in (1 << 19, 37):  # one hash table, and many document-aligned ones
+        original = quality._occurrences.__defaults__
+        quality._occurrences.__defaults__ = (chunk,)
+        try:
+            s = score_texts(texts)
+        finally:
+            quality._occurrences.__defaults__ = original
+        for i, words in enumerate(docs):
+            for n in (2, 3, 4, 5, 7, 10):
+                top, dup = _reference_ngram_scores(words, n)
+                col = f"top_{n}gram_share" if n <= 4 else f"dup_{n}gram_share"
+                assert s.loc[i, col] == pytest.approx(top if n <= 4 else dup), (i, n, chunk)
+
+
+def test_line_counts_per_source(tmp_path):
+    import pyarrow.parquet as pq
+
+    from stages.boilerplate import count_lines_part
+
+    banner = "Download the ebook"
+    docs = [f"{banner}\n第 {i} 章\n上一页\nSome text {i} here." for i in range(4)] + ["one line doc", f"{banner}\nshort"]
+    pq.write_table(pa.table({"text": docs, "source": ["a"] * 4 + ["b"] * 2}), tmp_path / "p.parquet")
+    got = count_lines_part(str(tmp_path / "p.parquet"), min_width=6)
+    counts = {(r.source, r.hash): r.docs for r in got.itertuples()}
+    assert counts[("a", line_hash(banner))] == 4 and counts[("a", line_hash("上一页"))] == 4  # 上一页 is 6 wide
+    assert ("b", line_hash(banner)) not in counts  # the two-line document does not count
+    assert counts[("a", 0)] == -4 and counts[("b", 0)] == -2  # documents per source
+    assert ("a", line_hash("第 1 章")) in counts and counts[("a", line_hash("第 1 章"))] == 1

@@ -8,13 +8,14 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import parse_config
 from pipeline.runner import Pipeline
 from stages.base import read_table
-from tests.conftest import write_jsonl
+from tests.conftest import LENGTH_ONLY_FILTER, write_jsonl
 
 WORDS = ("data model token corpus shard rank train window quality filter python river bread stone light "
          "garden winter music number letter window paper signal memory").split()
@@ -55,7 +56,7 @@ def build_corpus(root: Path) -> dict:
 def e2e_config(corpus: Path, **over) -> dict:
     cfg = {
         "input": {"paths": [str(corpus)], "part_size_mb": 0.01, "block_size_mb": 0.02},  # many blocks and parts
-        "filter": {"length": {"min_chars": 10}},
+        "filter": {"length": {"min_chars": 10}, **LENGTH_ONLY_FILTER},
         "tokenizer": {"train": {"vocab_size": 1500}},
         "pack": {"seq_length": 32},
         "shard": {"ranks": 2, "files_per_rank": 2, "seed": 7},
@@ -368,3 +369,28 @@ def test_global_layout_with_pad_remainder_is_split_equally_by_minddataset(run, d
     tcfg = cfg.train.model_copy(update={"steps": 2, "batch_size": 2, "rank": 2})
     summary = train(str(shards), str(tmp_path / "train"), tcfg, log=lambda m: None)
     assert summary["steps"] == 2
+
+
+def test_changed_threshold_reuses_scores_and_reruns_only_the_decision(run, dask_client, tmp_path):
+    import shutil
+
+    import yaml
+
+    out = tmp_path / "out"
+    shutil.copytree(run["out"], out)
+    as_run = yaml.safe_load((out / "config.yaml").read_text())
+    as_run["filter"]["length"]["min_chars"] = 120
+    logs: list[str] = []
+    result = Pipeline(parse_config(as_run), out, resume=True, client=dask_client, log=logs.append).run()
+    assert result.skipped == ["read", "normalize"]
+    assert result.stages["filter"]["scores_reused"] is True
+    removed = pq.read_table(str(out / "02-filter" / "removed")).to_pandas()
+    scores = pd.concat([pq.read_table(p).to_pandas() for p in sorted((out / "02-filter.scores").glob("part-*.parquet"))])
+    scores = scores.set_index("uid")
+    short = removed[removed["reason"] == "too_few_chars"]
+    assert len(short) > len(run["truth"]["junk"]) and (short["threshold"] == 120).all()
+    assert (scores.loc[short["uid"], "nonspace_chars"].to_numpy() < 120).all()
+    kept = [u for p in sorted((out / "02-filter").glob("part-*.parquet"))
+            for u in pq.read_table(p, columns=["uid"]).column("uid").to_pylist()]
+    assert (scores.loc[kept, "nonspace_chars"] >= 120).all()
+    assert (out / "report.html").is_file()

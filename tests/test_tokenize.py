@@ -79,14 +79,14 @@ def test_mistral_tokenizers_get_a_pad_and_pass_the_checks(path):
 def test_pipeline_refuses_a_too_large_vocabulary_before_tokenizing(tmp_path, dask_client):
     from pipeline.config import parse_config
     from pipeline.runner import Pipeline, PipelineError
-    from tests.conftest import write_jsonl
+    from tests.conftest import LENGTH_ONLY_FILTER, write_jsonl
 
     models = _mistral_models()
     if not models:
         pytest.skip("mistral-common absent")
     write_jsonl(tmp_path / "c" / "a.jsonl", [{"text": EN + f" {i}"} for i in range(20)])
     cfg = parse_config({"input": {"paths": [str(tmp_path / "c")]}, "tokenizer": {"model": models[0]},
-                        "train": {"model": {"vocab_size": 1000}}, "pack": {"seq_length": 16}})
+                        "filter": LENGTH_ONLY_FILTER, "train": {"model": {"vocab_size": 1000}}, "pack": {"seq_length": 16}})
     with pytest.raises(PipelineError, match="larger than the model's vocab_size"):
         Pipeline(cfg, tmp_path / "out", client=dask_client, log=lambda m: None).run()
     assert not list((tmp_path / "out" / "05-tokenize").glob("part-*"))

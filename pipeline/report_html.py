@@ -1,0 +1,182 @@
+"""report.html: report.md's content as HTML, plus histograms of the filter scores with their
+thresholds drawn, so a person can see where a threshold cuts and tune it.
+
+The Markdown is the one source of the report's text; this module converts the small subset it
+uses (headings, tables, lists, bold, code) and inserts the plots (PNG, embedded as base64, so the
+file stands alone).
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import re
+from pathlib import Path
+from typing import Optional
+
+MAX_SCORE_ROWS = 300_000  # documents drawn for the histograms (a seeded sample over all parts)
+STYLE = """
+body { font-family: -apple-system, "Segoe UI", "Noto Sans CJK SC", "PingFang SC", sans-serif; margin: 2em auto;
+       max-width: 1200px; padding: 0 1em; color: #222; line-height: 1.45; }
+table { border-collapse: collapse; margin: 0.6em 0 1.2em; font-size: 0.92em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; vertical-align: top; }
+th { background: #f2f2f2; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+code { background: #f4f4f4; padding: 0 0.25em; border-radius: 3px; }
+h1 { border-bottom: 2px solid #444; } h2 { border-bottom: 1px solid #bbb; margin-top: 1.6em; }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 1em; }
+.plots figure { margin: 0; border: 1px solid #ddd; padding: 0.4em; background: #fff; }
+.plots figcaption { font-size: 0.85em; color: #444; }
+li { margin: 0.15em 0; }
+"""
+
+
+def _inline(text: str) -> str:
+    out = html.escape(text, quote=False)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
+
+
+def _cells(row: str) -> list[str]:
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", row.strip().strip("|"))]
+
+
+def markdown_to_html(md: str) -> str:
+    """The Markdown subset report.md uses."""
+    out: list[str] = []
+    lines = md.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        m = re.match(r"^(#{1,4}) (.*)$", line)
+        if m:
+            level = len(m.group(1))
+            anchor = re.sub(r"[^a-z0-9]+", "-", m.group(2).lower()).strip("-")
+            out.append(f'<h{level} id="{anchor}">{_inline(m.group(2))}</h{level}>')
+        elif line.startswith("|"):
+            rows = []
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append(lines[i])
+                i += 1
+            head, body = _cells(rows[0]), [r for r in rows[1:] if not re.match(r"^\|[-:| ]+\|$", r)]
+            out.append("<table><thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr></thead><tbody>")
+            for r in body:
+                out.append("<tr>" + "".join(
+                    f'<td class="num">{_inline(c)}</td>' if re.fullmatch(r"[-+]?[\d,.]+%?|-", c) else f"<td>{_inline(c)}</td>"
+                    for c in _cells(r)) + "</tr>")
+            out.append("</tbody></table>")
+            continue
+        elif line.startswith("- "):
+            out.append("<ul>")
+            while i < len(lines) and lines[i].startswith("- "):
+                out.append(f"<li>{_inline(lines[i][2:])}</li>")
+                i += 1
+            out.append("</ul>")
+            continue
+        elif line.strip():
+            out.append(f"<p>{_inline(line)}</p>")
+        i += 1
+    return "\n".join(out)
+
+
+def _read_scores(scores_dir: str, columns: list[str]):
+    """A seeded sample of at most MAX_SCORE_ROWS documents, drawn evenly from every part (inputs are
+    often grouped by language or source, so the first parts alone would mislead)."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    paths = sorted(Path(scores_dir).glob("part-*.parquet"))
+    total = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
+    rate = min(1.0, MAX_SCORE_ROWS / max(1, total))
+    rng = np.random.default_rng(0)
+    frames = []
+    for path in paths:
+        table = pq.read_table(path, columns=[c for c in columns if c in pq.read_schema(path).names])
+        if rate < 1.0:
+            table = table.filter(rng.random(table.num_rows) < rate)
+        frames.append(table.to_pandas())
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def score_plots(extra: dict) -> list[tuple[str, str]]:
+    """(caption, base64 PNG) per scored rule: histograms for Chinese and other documents, the
+    threshold as a red line, the share of scored documents on the failing side in the caption."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    flt = extra.get("filter") or {}
+    rules, scores_dir = flt.get("rules") or {}, flt.get("scores_dir")
+    if not rules or not scores_dir or not Path(scores_dir).is_dir():
+        return []
+    by_column: dict[str, list[tuple[str, dict]]] = {}
+    for r in rules:
+        by_column.setdefault(r["column"], []).append((r["reason"], r))
+    guards = {r["guard"][0] for r in rules if r.get("guard")}
+    df = _read_scores(scores_dir, list(dict.fromkeys(["lang", *by_column, *guards])))
+    if df is None or not len(df):
+        return []
+    plots = []
+    for column, entries in by_column.items():
+        if column not in df:
+            continue
+        values = df[column].to_numpy(dtype=float)
+        zh = (df["lang"] == "zh").to_numpy()
+        finite = np.isfinite(values)
+        if not finite.any():
+            continue
+        lo, hi = np.percentile(values[finite], [0.5, 99.5])
+        limits = [r["threshold"] for _, r in entries]
+        lo, hi = min(lo, *limits), max(hi, *limits)
+        if hi <= lo:
+            hi = lo + 1
+        bins = np.linspace(lo, hi, 50)
+        fig, ax = plt.subplots(figsize=(4.6, 2.9), dpi=110)
+        for mask, label, color in ((~zh, "en / other", "#1f77b4"), (zh, "zh", "#ff7f0e")):
+            v = values[mask & finite]
+            if len(v):
+                ax.hist(np.clip(v, lo, hi), bins=bins, histtype="step", linewidth=1.5, label=f"{label} ({len(v):,})", color=color)
+        parts = []
+        for name, r in entries:
+            ax.axvline(r["threshold"], color="#d62728", linestyle="--", linewidth=1.2)
+            applies = {"zh": zh, "non_zh": ~zh, "all": np.ones_like(zh)}[r["applies_to"]] & finite
+            if r.get("guard"):
+                applies &= df[r["guard"][0]].to_numpy(dtype=float) >= r["guard"][1]
+            fails = values < r["threshold"] if r["kind"] == "min" else values > r["threshold"]
+            share = (fails & applies).sum() / max(1, applies.sum())
+            parts.append(f"{name}: keeps {'≥' if r['kind'] == 'min' else '≤'} {r['threshold']:g} "
+                         f"({r['applies_to'].replace('_', '-')}); {share:.1%} fail")
+        ax.set_yscale("log")
+        ax.set_title(column, fontsize=10)
+        ax.tick_params(labelsize=8)
+        ax.legend(fontsize=7, frameon=False)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        plt.close(fig)
+        plots.append(("; ".join(parts), base64.b64encode(buf.getvalue()).decode("ascii")))
+    return plots
+
+
+def render_html(markdown: str, extra: dict, title: Optional[str] = None) -> str:
+    body = markdown_to_html(markdown)
+    try:
+        plots = score_plots(extra)
+    except Exception as e:  # noqa: BLE001 - a plotting problem must not cost a finished run its report
+        plots = []
+        body = (f'<p><strong>The score plots could not be drawn: {html.escape(type(e).__name__)}: '
+                f"{html.escape(str(e))}</strong></p>") + body
+    if plots:
+        figures = "\n".join(f'<figure><img alt="{html.escape(c)}" src="data:image/png;base64,{b}" width="100%">'
+                            f"<figcaption>{html.escape(c)}</figcaption></figure>" for c, b in plots)
+        section = ('<h2 id="score-distributions">Score distributions</h2><p>Every scored document (a seeded '
+                   f"sample of at most {MAX_SCORE_ROWS:,}), by language; the dashed red line is the threshold, the caption the share "
+                   "that fails it (documents failing an earlier rule are counted here too). Change a threshold in "
+                   "<code>filter:</code> and rerun with <code>--resume</code>: the scores are reused.</p>"
+                   f'<div class="plots">{figures}</div>')
+        marker = '<h2 id="removed-by-stage-and-reason">'
+        body = body.replace(marker, section + "\n" + marker, 1) if marker in body else body + section
+    return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title or 'corpusmill run report')}"
+            f"</title><style>{STYLE}</style></head><body>{body}</body></html>")

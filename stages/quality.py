@@ -1,0 +1,463 @@
+"""Quality scores for Chinese and English documents, computed apart from any keep/drop decision.
+
+`score_texts` returns one row of scores per document; `decide` applies thresholds to them. Keeping
+the two apart (as NeMo Curator does) lets a run store the scores once and re-apply changed
+thresholds without recomputing them.
+
+Everything is vectorised over a batch:
+- character classes (scripts, punctuation, digits, garbled code points, traditional-only and
+  simplified-only characters) come from one lookup table indexed by code point, counted per
+  document with `bincount`;
+- line and paragraph statistics come from Arrow string kernels over the flattened lines;
+- n-gram repetition (Gopher) hashes components (words, or characters for CJK text) as the
+  near-duplicate shingler does, and counts n-grams per document with one sort per n.
+
+A document is "zh" when CJK characters are at least `cjk_share` of its letters; rules that only
+make sense for space-delimited text (mean word length, terminal punctuation per line) skip it, and
+its n-gram sizes are scaled (a Chinese word is about two characters).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .shingles import ShingleSpec, _component_hashes, _ranges, fmix64
+
+SCORES_VERSION = 2  # bump when a score's definition changes: stored scores of another version are recomputed
+
+# ---- character classes -------------------------------------------------------------------
+# class ids (one per code point); letters are split by script
+(C_OTHER, C_SPACE, C_PUNCT, C_DIGIT, C_HAN, C_KANA, C_HANGUL, C_LATIN, C_CYRILLIC, C_GREEK, C_ARABIC,
+ C_OTHER_LETTER, C_GARBLED) = range(13)
+N_CLASSES = 13
+SCRIPTS = {"han": C_HAN, "kana": C_KANA, "hangul": C_HANGUL, "latin": C_LATIN, "cyrillic": C_CYRILLIC,
+           "greek": C_GREEK, "arabic": C_ARABIC, "other": C_OTHER_LETTER}
+
+# characters whose traditional and simplified forms differ, among the most frequent ones
+TRADITIONAL_ONLY = "們這個說來時國會對發為後學經與門開關見話問還點讓進長氣體書東車實頭樣現動機幾麼從當"
+SIMPLIFIED_ONLY = "们这个说来时国会对发为后学经与门开关见话问还点让进长气体书东车实头样现动机几么从当"
+# strings that only appear when text was decoded with the wrong encoding
+MOJIBAKE = ("锟斤拷", "烫烫烫", "屯屯屯", "Ã©", "Ã¨", "Ã¢", "â€™", "â€œ", "â€", "Â ")
+
+_TABLES: Optional[tuple[np.ndarray, np.ndarray]] = None
+
+
+def _class_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(class of every code point, traditional/simplified marker: 1 traditional-only, 2 simplified-only)."""
+    global _TABLES
+    if _TABLES is not None:
+        return _TABLES
+    import unicodedata
+
+    cls = np.full(0x110000, C_OTHER, dtype=np.uint8)
+    for c in range(0x110000):
+        cat = unicodedata.category(chr(c))
+        if cat[0] == "L":
+            cls[c] = C_OTHER_LETTER
+        elif cat[0] in "PS":
+            cls[c] = C_PUNCT
+        elif cat == "Nd":
+            cls[c] = C_DIGIT
+        elif cat[0] == "Z" or chr(c).isspace():
+            cls[c] = C_SPACE
+        elif cat in ("Co", "Cs") or 0x80 <= c <= 0x9F:
+            cls[c] = C_GARBLED  # private use, surrogates, C1 controls: leftovers of a wrong decoding
+    letters = cls == C_OTHER_LETTER
+    for lo, hi, k in ((0x4E00, 0x9FFF, C_HAN), (0x3400, 0x4DBF, C_HAN), (0x20000, 0x2FFFF, C_HAN),
+                      (0xF900, 0xFAFF, C_HAN), (0x3040, 0x30FF, C_KANA), (0x31F0, 0x31FF, C_KANA),
+                      (0xAC00, 0xD7AF, C_HANGUL), (0x1100, 0x11FF, C_HANGUL), (0x3130, 0x318F, C_HANGUL),
+                      (0x0041, 0x024F, C_LATIN), (0x1E00, 0x1EFF, C_LATIN), (0xFF21, 0xFF5A, C_LATIN),
+                      (0x0370, 0x03FF, C_GREEK), (0x0400, 0x052F, C_CYRILLIC), (0x0600, 0x06FF, C_ARABIC)):
+        span = np.arange(lo, hi + 1)
+        cls[span[letters[span]]] = k
+    cls[0x3007] = C_HAN  # 〇
+    cls[0xFFFD] = C_GARBLED
+    ts = np.zeros(0x110000, dtype=np.uint8)
+    ts[[ord(c) for c in TRADITIONAL_ONLY]] = 1
+    ts[[ord(c) for c in SIMPLIFIED_ONLY]] = 2
+    _TABLES = (cls, ts)
+    return _TABLES
+
+
+def _code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """All code points of a batch, flat, and each one's document index."""
+    points = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
+    doc_of = np.repeat(np.arange(len(texts), dtype=np.int64), [len(t) for t in texts])
+    return points, doc_of
+
+
+def _char_scores(texts: list[str]) -> dict[str, np.ndarray]:
+    cls_table, ts_table = _class_tables()
+    n = len(texts)
+    points, doc_of = _code_points(texts)
+    cls = cls_table[points]
+    counts = np.bincount(doc_of * N_CLASSES + cls, minlength=n * N_CLASSES).reshape(n, N_CLASSES)
+    ts = ts_table[points]
+    trad = np.bincount(doc_of[ts == 1], minlength=n)
+    simp = np.bincount(doc_of[ts == 2], minlength=n)
+    # longest run of one repeated letter
+    is_letter = (cls >= C_HAN) & (cls <= C_OTHER_LETTER)
+    same = np.zeros(len(points), dtype=bool)
+    if len(points) > 1:
+        same[1:] = (points[1:] == points[:-1]) & (doc_of[1:] == doc_of[:-1]) & is_letter[1:]
+    run_id = np.cumsum(~same) - 1
+    run_len = np.bincount(run_id) if len(points) else np.zeros(0, np.int64)
+    run_doc = doc_of[~same] if len(points) else np.zeros(0, np.int64)
+    runs_per_doc = np.bincount(run_doc, minlength=n)  # runs are in document order
+    max_run = _max_per_doc((run_len * is_letter[~same]).astype(np.float64), runs_per_doc, n).astype(np.int64)
+    letters = counts[:, C_HAN:C_OTHER_LETTER + 1].sum(axis=1)
+    cjk = counts[:, C_HAN] + counts[:, C_KANA] + counts[:, C_HANGUL]
+    chars = counts.sum(axis=1)
+    nonspace = chars - counts[:, C_SPACE]
+    out = {
+        "chars": chars, "nonspace_chars": nonspace, "letters": letters, "cjk_chars": cjk,
+        "punct_density": counts[:, C_PUNCT] / np.maximum(nonspace, 1),
+        "digit_share": counts[:, C_DIGIT] / np.maximum(nonspace, 1),
+        "garbled_chars": counts[:, C_GARBLED],
+        "max_char_run": max_run,
+        "traditional_share": trad / np.maximum(trad + simp, 1),
+        "trad_simp_marked": trad + simp,
+    }
+    for name, k in SCRIPTS.items():
+        out[f"script_{name}"] = counts[:, k] / np.maximum(letters, 1)
+    out["cjk_share"] = cjk / np.maximum(letters, 1)
+    return out
+
+
+# ---- lines and paragraphs -------------------------------------------------------------------
+BULLET_START = r"^\s*([•●○◦▪▫■□‣⁃∙·・\-\*\+–—]|\d{1,3}[.)、]|[a-zA-Z][.)])\s"
+ELLIPSIS_END = r"(\.\.\.|…|。。。)\s*$"
+TERMINAL_END = r"[.!?。！？…\"'”’」』)）]\s*$"
+BOILERPLATE_LINE = (r"(?i)(javascript|enable cookies|cookie policy|we use cookies|privacy policy|terms of (use|service)|"
+                    r"all rights reserved|版权所有|隐私政策|使用条款|使用协议|京ICP备|ICP备案|请启用JavaScript)")
+CJK_RE = r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]"
+
+
+def _segment_stats(texts: pa.Array, pattern: str, cjk_doc: np.ndarray, short_chars: Optional[int],
+                   short_chars_cjk: Optional[int], terminal: bool = False) -> dict[str, np.ndarray]:
+    """Per document: segment count, duplicate segments (after the first) by count and characters,
+    and (for lines) bullet / ellipsis / terminal / short / boilerplate line counts."""
+    n = len(texts)
+    lists = pc.split_pattern_regex(texts, pattern)
+    offsets = lists.offsets.to_numpy()
+    bounds = offsets - offsets[0]
+    flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
+    seg_doc = np.repeat(np.arange(n, dtype=np.int64), np.diff(bounds))
+    lengths = pc.utf8_length(flat).to_numpy(zero_copy_only=False).astype(np.int64)
+    real = lengths > 0
+    out = {"segments": np.bincount(seg_doc[real], minlength=n)}
+    # duplicates: a segment equal to an earlier one of the same document
+    encoded = pc.dictionary_encode(flat)
+    ids = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    key = seg_doc * (len(encoded.dictionary) + 1) + ids
+    key_r, len_r, doc_r = key[real], lengths[real], seg_doc[real]
+    order = np.argsort(key_r, kind="stable")
+    dup = np.zeros(len(key_r), dtype=bool)
+    if len(key_r) > 1:
+        dup[order[1:]] = key_r[order[1:]] == key_r[order[:-1]]
+    out["dup_segments"] = np.bincount(doc_r[dup], minlength=n)
+    out["dup_segment_chars"] = np.bincount(doc_r[dup], weights=len_r[dup], minlength=n)
+    out["segment_chars"] = np.bincount(doc_r, weights=len_r, minlength=n)
+    if terminal:
+        hit = pc.match_substring_regex(flat, TERMINAL_END).to_numpy(zero_copy_only=False) & real
+        out["terminal_paras"] = np.bincount(seg_doc[hit], minlength=n)
+    if short_chars is not None:
+        is_cjk_line = np.asarray(cjk_doc, dtype=bool)[seg_doc]
+        short = np.where(is_cjk_line, lengths <= short_chars_cjk, lengths <= short_chars) & real
+        for name, pat in (("bullet", BULLET_START), ("ellipsis", ELLIPSIS_END), ("terminal", TERMINAL_END),
+                          ("boilerplate", BOILERPLATE_LINE)):
+            hit = pc.match_substring_regex(flat, pat).to_numpy(zero_copy_only=False) & real
+            out[f"{name}_lines"] = np.bincount(seg_doc[hit], minlength=n)
+        out["short_lines"] = np.bincount(seg_doc[short], minlength=n)
+    return out
+
+
+# ---- n-gram repetition (Gopher) ----------------------------------------------------------------
+TOP_NGRAMS = (2, 3, 4)
+FOLD = np.uint64(0x100000001B3)
+FOLD_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
+DUP_NGRAMS = (5, 6, 7, 8, 9, 10)
+
+
+def _ngram_scores(texts: pa.Array, cjk: np.ndarray, cjk_scale: int) -> dict[str, np.ndarray]:
+    """Gopher's repetition scores over components (lowercased words without punctuation, or CJK
+    characters): top_N = share of component characters in the most frequent N-gram (times its
+    count), dup_N = share of component characters covered by N-grams that occur more than once."""
+    spec = ShingleSpec(lowercase=True, strip_punctuation=True, cjk_share=0.0)
+    comp, counts, comp_len = _component_hashes(pc.utf8_lower(texts), cjk, spec, with_lengths=True)
+    n = len(counts)
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    total_chars = np.bincount(np.repeat(np.arange(n), counts), weights=comp_len, minlength=n)
+    comp_doc = np.repeat(np.arange(n, dtype=np.int64), counts)
+    len_cum = np.concatenate([[0], np.cumsum(comp_len)])
+    out: dict[str, np.ndarray] = {}
+    # window hashes in O(1) each from prefix sums: with S[i] = sum_{k<i} c[k] P^-k (P is odd, so it
+    # has an inverse mod 2^64), the fold sum_{j<n} c[s+j] P^(n-1-j) = P^(s+n-1) (S[s+n] - S[s]).
+    N = len(comp)
+    with np.errstate(over="ignore"):
+        pow_p = np.cumprod(np.concatenate([[np.uint64(1)], np.full(N, FOLD, dtype=np.uint64)]))
+        pow_inv = np.cumprod(np.concatenate([[np.uint64(1)], np.full(N, FOLD_INV, dtype=np.uint64)]))
+        prefix = np.concatenate([[np.uint64(0)], np.cumsum(comp * pow_inv[:N], dtype=np.uint64)])
+    # Every occurrence of a repeated n-gram starts with a repeated (n-1)-gram, so each size only
+    # looks at the window starts whose previous-size window repeated: a few percent of the text by
+    # n = 5 in natural language, instead of all of it for every size.
+    doc_end = starts[1:]
+    src = np.repeat(starts[:-1], counts) + _ranges(counts)  # every component is a candidate start
+    win_doc = comp_doc
+    for size in TOP_NGRAMS + DUP_NGRAMS:
+        n_of = np.where(cjk, size * cjk_scale, size).astype(np.int64)
+        win_n = n_of[win_doc]
+        fits = src + win_n <= doc_end[win_doc]
+        src, win_doc, win_n = src[fits], win_doc[fits], win_n[fits]
+        score = np.zeros(n)
+        if len(src):
+            with np.errstate(over="ignore"):
+                h = pow_p[src + win_n - 1] * (prefix[src + win_n] - prefix[src])
+                h = fmix64(h ^ (win_doc.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
+            win_cnt, later = _occurrences(h.view(np.int64), win_doc)
+            repeated = win_cnt > 1
+            if size in TOP_NGRAMS:
+                # the most frequent n-gram of each document (ties: the longest), counted with its repeats
+                win_chars = len_cum[src + win_n] - len_cum[src]
+                value = np.where(repeated, win_cnt * win_chars, 0).astype(np.float64)
+                score = _max_per_doc(value, np.bincount(win_doc, minlength=n), n) / np.maximum(total_chars, 1)
+            else:
+                # mark every component covered by a later occurrence of a repeated window (the first
+                # occurrence is the original, as in Gopher), with a difference array over components
+                diff = (np.bincount(src[later], minlength=len(comp) + 1)
+                        - np.bincount(src[later] + win_n[later], minlength=len(comp) + 1))
+                covered = np.cumsum(diff[:-1]) > 0
+                score = np.bincount(comp_doc[covered], weights=comp_len[covered], minlength=n) / np.maximum(total_chars, 1)
+            src, win_doc = src[repeated], win_doc[repeated]
+        out[f"{'top' if size in TOP_NGRAMS else 'dup'}_{size}gram_share"] = np.minimum(score, 1.0)
+    return out
+
+
+def _occurrences(keys: np.ndarray, doc: np.ndarray, chunk: int = 1 << 19) -> tuple[np.ndarray, np.ndarray]:
+    """How often each key occurs, and whether an earlier position holds the same key (keys carry
+    their document and are in text order). Counted in runs of whole documents of about `chunk`
+    keys: a hash table that fits the cache is several times faster than one for everything."""
+    def count(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        codes, _ = pd.factorize(part, sort=False)  # codes are numbered in order of first appearance
+        first_seen = np.maximum.accumulate(np.concatenate([[-1], codes[:-1]])) if len(codes) else codes
+        return np.bincount(codes)[codes], codes <= first_seen
+
+    if len(keys) <= chunk:
+        return count(keys)
+    out = np.empty(len(keys), dtype=np.int64)
+    later = np.empty(len(keys), dtype=bool)
+    bounds = np.flatnonzero(np.diff(doc)) + 1  # where a new document starts (keys are in document order)
+    at = np.searchsorted(bounds, np.arange(chunk, len(keys), chunk))  # the first boundary past each multiple
+    cuts = np.unique(np.concatenate([[0], bounds[at[at < len(bounds)]], [len(keys)]]))
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        out[lo:hi], later[lo:hi] = count(keys[lo:hi])
+    return out, later
+
+
+def _max_per_doc(values: np.ndarray, per_doc: np.ndarray, n: int) -> np.ndarray:
+    """Maximum of consecutive runs of `values` (per_doc[i] of them for document i); 0 for none."""
+    out = np.zeros(n)
+    has = np.flatnonzero(per_doc > 0)
+    if len(has):
+        starts = np.concatenate([[0], np.cumsum(per_doc)])[:-1]
+        out[has] = np.maximum.reduceat(values, starts[has])
+    return out
+
+
+# ---- stop words ----------------------------------------------------------------------------
+EN_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
+ZH_STOP_CHARS = "的了是在不有和人这這之也而其以于於为為一无無与與中上大"
+
+
+def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 2,
+                short_line_chars: int = 30, short_line_chars_cjk: int = 5) -> pd.DataFrame:
+    """Every score of every document (one row per document, in order)."""
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    texts = texts.cast(pa.string())
+    pylist = texts.to_pylist()
+    n = len(pylist)
+    s = _char_scores(pylist)
+    zh = s["cjk_share"] >= cjk_share
+    lines = _segment_stats(texts, r"\n", zh, short_line_chars, short_line_chars_cjk)
+    paras = _segment_stats(texts, r"\n\s*\n", zh, None, None, terminal=True)
+    words_lists = pc.utf8_split_whitespace(texts)
+    w_off = words_lists.offsets.to_numpy()
+    w_flat = pc.list_flatten(words_lists)
+    w_doc = np.repeat(np.arange(n, dtype=np.int64), np.diff(w_off - w_off[0]))
+    w_len = pc.utf8_length(w_flat).to_numpy(zero_copy_only=False).astype(np.int64)
+    has_alpha = pc.match_substring_regex(w_flat, r"[\p{L}]").to_numpy(zero_copy_only=False)
+    latin_words = pc.count_substring_regex(texts, r"[^\s\p{Z}\p{P}\p{S}\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]+")
+    latin_words = latin_words.to_numpy(zero_copy_only=False).astype(np.int64)
+    ws_words = np.bincount(w_doc, minlength=n)
+    lower = pc.utf8_lower(w_flat)
+    stop = pc.is_in(pc.utf8_trim(lower, characters=".,;:!?\"'()[]{}"), value_set=pa.array(EN_STOP_WORDS))
+    stop = stop.to_numpy(zero_copy_only=False)
+    zh_stop = pc.count_substring_regex(texts, f"[{ZH_STOP_CHARS}]").to_numpy(zero_copy_only=False)
+    symbols = (pc.count_substring(texts, "#").to_numpy(zero_copy_only=False)
+               + pc.count_substring_regex(texts, r"\.\.\.|…").to_numpy(zero_copy_only=False))
+    lorem = pc.match_substring(texts, "lorem ipsum", ignore_case=True).to_numpy(zero_copy_only=False)
+    mojibake = sum(pc.count_substring(texts, m).to_numpy(zero_copy_only=False) for m in MOJIBAKE)
+    words = latin_words + s["cjk_chars"]
+    line_n = np.maximum(lines["segments"], 1)
+    df = pd.DataFrame({
+        "lang": np.where(zh, "zh", np.where(s["script_latin"] >= 0.5, "en", "other")),
+        "chars": s["chars"], "nonspace_chars": s["nonspace_chars"], "cjk_chars": s["cjk_chars"],
+        "words": words,
+        "mean_word_length": np.bincount(w_doc, weights=w_len, minlength=n) / np.maximum(ws_words, 1),
+        "symbol_word_ratio": symbols / np.maximum(words, 1),
+        "alpha_word_share": np.where(zh, s["letters"] / np.maximum(s["nonspace_chars"], 1),
+                                     np.bincount(w_doc[has_alpha], minlength=n) / np.maximum(ws_words, 1)),
+        "stop_words": np.where(zh, zh_stop, np.bincount(w_doc[stop], minlength=n)),
+        "lines": lines["segments"],
+        "bullet_line_share": lines["bullet_lines"] / line_n,
+        "ellipsis_line_share": lines["ellipsis_lines"] / line_n,
+        # hard-wrapped prose (Gutenberg) ends its paragraphs, not its lines, with punctuation
+        "terminal_line_share": np.maximum(lines["terminal_lines"] / line_n,
+                                          paras["terminal_paras"] / np.maximum(paras["segments"], 1)),
+        "short_line_share": lines["short_lines"] / line_n,
+        "boilerplate_line_share": lines["boilerplate_lines"] / line_n,
+        "dup_line_share": lines["dup_segments"] / line_n,
+        "dup_line_char_share": lines["dup_segment_chars"] / np.maximum(lines["segment_chars"], 1),
+        "dup_para_share": paras["dup_segments"] / np.maximum(paras["segments"], 1),
+        "dup_para_char_share": paras["dup_segment_chars"] / np.maximum(paras["segment_chars"], 1),
+        "lorem_ipsum": lorem.astype(np.int64),
+        "garbled_share": (s["garbled_chars"] + 3 * mojibake) / np.maximum(s["nonspace_chars"], 1),
+        "max_char_run": s["max_char_run"],
+        "punct_density": s["punct_density"],
+        "cjk_share": s["cjk_share"],
+        "traditional_share": np.where(s["trad_simp_marked"] > 0, s["traditional_share"], np.nan),
+        **{f"script_{name}": s[f"script_{name}"] for name in SCRIPTS},
+    })
+    for key, value in _ngram_scores(texts, zh, cjk_ngram_scale).items():
+        df[key] = value
+    return df
+
+
+SCORE_COLUMNS = None  # filled on first use: the columns score_texts returns
+
+
+def score_columns() -> list[str]:
+    global SCORE_COLUMNS
+    if SCORE_COLUMNS is None:
+        SCORE_COLUMNS = list(score_texts(pa.array(["a b"], pa.string())).columns)
+    return SCORE_COLUMNS
+
+
+def rule_table(fc) -> list[tuple]:
+    """(reason, score column, 'min' | 'max', threshold, applies_to 'all' | 'zh' | 'non_zh', guard)
+    for every enabled rule of a FilterConfig, in the order they are tried (the first failing one is
+    the reason). A guard (column, minimum) limits a rule to documents at least that long."""
+    rules: list[tuple] = []
+    L = fc.length
+    rules += [("too_few_chars", "nonspace_chars", "min", L.min_chars, "all"),
+              ("too_few_words", "words", "min", L.min_words, "all"),
+              ("too_many_chars", "chars", "max", L.max_chars, "all")]
+    Z = fc.chinese  # degenerate text first: its reason says more than a repetition score
+    if Z.enabled:
+        rules += [("garbled", "garbled_share", "max", Z.max_garbled_share, "all"),
+                  ("char_run", "max_char_run", "max", Z.max_char_run, "all"),
+                  ("punctuation_density", "punct_density", "max", Z.max_punct_density, "all"),
+                  ("low_cjk_share", "cjk_share", "min", Z.min_cjk_share, "zh"),
+                  ("traditional_mix", "traditional_share", "max", Z.max_traditional_share, "zh")]
+    G = fc.gopher_quality
+    if G.enabled:
+        rules += [("gopher_few_words", "words", "min", G.min_words, "non_zh"),
+                  ("gopher_few_words", "cjk_chars", "min", G.min_cjk_chars, "zh"),
+                  ("gopher_many_words", "words", "max", G.max_words, "all"),
+                  ("gopher_short_words", "mean_word_length", "min", G.min_mean_word_length, "non_zh"),
+                  ("gopher_long_words", "mean_word_length", "max", G.max_mean_word_length, "non_zh"),
+                  ("gopher_symbols", "symbol_word_ratio", "max", G.max_symbol_word_ratio, "all"),
+                  ("gopher_bullet_lines", "bullet_line_share", "max", G.max_bullet_line_share, "all"),
+                  ("gopher_ellipsis_lines", "ellipsis_line_share", "max", G.max_ellipsis_line_share, "all"),
+                  ("gopher_non_alpha", "alpha_word_share", "min", G.min_alpha_word_share, "non_zh"),
+                  ("gopher_non_alpha", "alpha_word_share", "min", G.min_alpha_share_zh, "zh"),
+                  ("gopher_stop_words", "stop_words", "min", G.min_stop_words, "non_zh"),
+                  ("gopher_stop_words", "stop_words", "min", G.min_stop_words_zh, "zh",
+                   ("cjk_chars", G.stop_words_zh_min_chars))]
+    R = fc.gopher_repetition
+    if R.enabled:
+        rules += [("dup_lines", "dup_line_share", "max", R.max_dup_line_share, "all"),
+                  ("dup_paragraphs", "dup_para_share", "max", R.max_dup_para_share, "all"),
+                  ("dup_line_chars", "dup_line_char_share", "max", R.max_dup_line_char_share, "all"),
+                  ("dup_paragraph_chars", "dup_para_char_share", "max", R.max_dup_para_char_share, "all")]
+        for kind, sizes in (("top", TOP_NGRAMS), ("dup", DUP_NGRAMS)):
+            for n in sizes:
+                limit = getattr(R, f"max_{kind}_{n}gram_share")
+                zh_limit = None if limit is None else min(1.0, limit * R.cjk_threshold_scale)
+                rules += [(f"{kind}_{n}gram", f"{kind}_{n}gram_share", "max", limit, "non_zh"),
+                          (f"{kind}_{n}gram", f"{kind}_{n}gram_share", "max", zh_limit, "zh")]
+    C = fc.c4
+    if C.enabled:
+        rules += [("lorem_ipsum", "lorem_ipsum", "max", 0 if C.lorem_ipsum else None, "all"),
+                  ("boilerplate", "boilerplate_line_share", "max", C.max_boilerplate_line_share, "all"),
+                  ("few_terminal_lines", "terminal_line_share", "min", C.min_terminal_line_share,
+                   "all" if C.terminal_punctuation_for_zh else "non_zh"),
+                  ("short_lines", "short_line_share", "max", C.max_short_line_share, "all")]
+    return [(*r, None) if len(r) == 5 else r for r in rules if r[3] is not None]
+
+
+def decide(scores: pd.DataFrame, rules: list, keep_scripts: Optional[list[str]] = None,
+           min_script_share: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(reason, score, threshold) per document; reason None means kept. The first failing rule wins."""
+    n = len(scores)
+    reason = np.full(n, None, dtype=object)
+    score = np.full(n, np.nan)
+    threshold = np.full(n, np.nan)
+    zh = (scores["lang"] == "zh").to_numpy()
+    for name, column, kind, limit, applies, guard in rules:
+        value = scores[column].to_numpy(dtype=float)
+        failed = value < limit if kind == "min" else value > limit
+        failed &= ~np.isnan(value)
+        if guard:
+            failed &= scores[guard[0]].to_numpy(dtype=float) >= guard[1]
+        if applies == "zh":
+            failed &= zh
+        elif applies == "non_zh":
+            failed &= ~zh
+        hit = failed & pd.isna(reason)
+        reason[hit], score[hit], threshold[hit] = name, value[hit], limit
+    if keep_scripts:
+        share = sum(scores[f"script_{s}"].to_numpy() for s in keep_scripts)
+        hit = (share < min_script_share) & (scores["nonspace_chars"].to_numpy() > 0) & pd.isna(reason)
+        reason[hit], score[hit], threshold[hit] = "script_mix", share[hit], min_script_share
+    return reason, score, threshold
+
+
+def describe_rules() -> dict[str, str]:
+    """Reason code -> what it means, for the report."""
+    return {
+        "too_few_chars": "fewer non-space characters than filter.length.min_chars",
+        "too_few_words": "fewer words (a CJK character counts as one) than filter.length.min_words",
+        "too_many_chars": "more characters than filter.length.max_chars",
+        "gopher_few_words": "fewer words (non-Chinese) or CJK characters (Chinese) than Gopher's minimum",
+        "gopher_many_words": "more words than Gopher's maximum",
+        "gopher_short_words": "mean word length below the minimum (non-Chinese)",
+        "gopher_long_words": "mean word length above the maximum (non-Chinese)",
+        "gopher_symbols": "too many '#' and ellipses per word",
+        "gopher_bullet_lines": "too many lines start with a bullet",
+        "gopher_ellipsis_lines": "too many lines end with an ellipsis",
+        "gopher_non_alpha": "too few words with a letter (Chinese: too few letters among non-space characters)",
+        "gopher_stop_words": "too few stop words (English) or function characters (Chinese)",
+        "dup_lines": "too many lines repeat an earlier line",
+        "dup_paragraphs": "too many paragraphs repeat an earlier paragraph",
+        "dup_line_chars": "too many characters in repeated lines",
+        "dup_paragraph_chars": "too many characters in repeated paragraphs",
+        **{f"top_{n}gram": f"the most frequent {n}-gram covers too much of the text" for n in TOP_NGRAMS},
+        **{f"dup_{n}gram": f"repeated {n}-grams cover too much of the text" for n in DUP_NGRAMS},
+        "lorem_ipsum": "contains 'lorem ipsum'",
+        "boilerplate": "too many lines of JavaScript / cookie / policy / copyright boilerplate",
+        "few_terminal_lines": "too few lines end in terminal punctuation (lists, tables, fragments)",
+        "short_lines": "too many very short lines (navigation, menus)",
+        "garbled": "replacement characters, private-use or C1 control characters, or mojibake",
+        "char_run": "a letter repeated too many times in a row",
+        "punctuation_density": "mostly punctuation and symbols",
+        "low_cjk_share": "a Chinese document with too few CJK characters among its letters",
+        "traditional_mix": "a Chinese document with too many traditional-only characters",
+        "script_mix": "too few letters in the scripts filter.scripts.keep",
+    }
