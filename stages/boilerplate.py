@@ -34,8 +34,13 @@ def line_width(line: str) -> int:
 WIDE = r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\x{3000}-\x{303f}\x{ff01}-\x{ff60}\x{ffe0}-\x{ffe6}]"
 
 
+def source_key(source: str) -> int:
+    """The int64 a source travels as through the line-count shuffle (strings shuffle slowly)."""
+    return xxhash.xxh3_64_intdigest(source.encode("utf-8")) - _SIGN
+
+
 def count_lines_part(path: str, min_width: int) -> pd.DataFrame:
-    """(source, hash, docs) for one partition: in how many documents of each source each line
+    """(source key, hash, docs) for one partition: in how many documents of each source each line
     appears; plus, per source, its document count as a row with hash 0 and docs = -count. Vectorised
     with Arrow: lines split, trimmed and measured as arrays; only distinct lines are hashed in Python."""
     import pyarrow as pa
@@ -69,9 +74,9 @@ def count_lines_part(path: str, min_width: int) -> pd.DataFrame:
     pairs = pd.DataFrame({"doc": docs, "hash": hashes}).drop_duplicates()  # hash-based, not a sort
     keyed = pd.DataFrame({"src": doc_src[pairs["doc"].to_numpy()], "hash": pairs["hash"].to_numpy()})
     counted = keyed.groupby(["src", "hash"], sort=False).size().reset_index(name="docs")
-    rows_src = [src_names[i] for i in counted["src"].tolist()] + [src_names[i] for i in np.flatnonzero(per_source)]
+    keys = np.array([source_key(name) for name in src_names], dtype=np.int64)
     return pd.DataFrame({
-        "source": pd.Series(rows_src, dtype="string"),
+        "source": np.concatenate([keys[counted["src"].to_numpy()], keys[np.flatnonzero(per_source)]]),
         "hash": np.concatenate([counted["hash"].to_numpy(np.int64), np.zeros(int((per_source > 0).sum()), np.int64)]),
         "docs": np.concatenate([counted["docs"].to_numpy(np.int64), -per_source[per_source > 0]]),
     })
