@@ -87,8 +87,9 @@ class GopherQualityConfig(_Section):
         0.6, ge=0, le=1, description="Chinese: share of letters among non-space characters (verse is up to a third punctuation).")
     min_stop_words: Optional[int] = Field(2, ge=0, description="English stop words (the, be, to, of, and, that, have, with).")
     min_stop_words_zh: Optional[int] = Field(
-        2, ge=0, description="Chinese function characters (的 了 是 在 不 有 之 也 而 其 以 于 为 一 无 与 ...), checked "
-        "only in documents of at least stop_words_zh_min_chars CJK characters (classical verse uses few).")
+        None, ge=0, description="Chinese function characters (的 了 是 在 不 有 之 也 而 其 以 于 为 一 无 与 ...), checked "
+        "only in documents of at least stop_words_zh_min_chars CJK characters. Null (report only) by default: "
+        "classical ci and qu poems of 100+ characters can have none.")
     stop_words_zh_min_chars: int = Field(100, ge=0)
 
 
