@@ -67,9 +67,13 @@ def _build_parser() -> argparse.ArgumentParser:
     dedup.add_argument("--sample", type=float, metavar="FRACTION",
                        help="dedup a seeded sample of the documents (input.sample); the report projects the full run")
 
-    train = sub.add_parser("train", help="train on shards a run produced",
-                           description="Train the decoder on one rank's files of a shard directory; writes "
-                           "OUT/metrics.jsonl (one JSON object per step) and OUT/summary.json.")
+    train = sub.add_parser("train", help="train on shards a run produced (or find a learning rate: train lr-find)",
+                           description="Train the decoder on one rank's share of a shard directory; writes "
+                           "OUT/metrics.jsonl (one JSON object per step), OUT/summary.json and, with --checkpoint-every, "
+                           "OUT/checkpoints/. `corpusmill train lr-find` runs a learning-rate range test instead.")
+    train.add_argument("action", nargs="?", choices=["lr-find"],
+                       help="lr-find: raise the learning rate exponentially over a few steps and print the largest "
+                       "rate at which the loss still falls steadily, and a suggested rate 25%% below it")
     train.add_argument("--shards", required=True, help="a shards/ directory holding manifest.json")
     train.add_argument("--steps", type=int, help="optimizer steps (default: train.steps of --config, else 30)")
     train.add_argument("--out", help="output directory (default: the shards directory's sibling train/)")
@@ -77,7 +81,11 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--rank", type=int, help="which rank's files to read (default 0)")
     train.add_argument("--batch-size", type=int, help="samples per step (default 8)")
     train.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
-    train.add_argument("--num-parallel-workers", type=int, help="MindDataset reader threads (at most the CPU count)")
+    train.add_argument("--num-parallel-workers", help="MindDataset reader threads (at most the CPU count), or auto")
+    train.add_argument("--grad-accumulation", type=int, help="micro-batches per optimizer step (default 1)")
+    train.add_argument("--checkpoint-every", type=int, metavar="N", help="write an atomic checkpoint every N steps")
+    train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints, "
+                       "at the exact next batch, with the optimizer state and learning-rate step restored")
     tok = sub.add_parser("tokenizer", help="train a SentencePiece tokenizer from a corpus sample",
                          description="Tokenizer tools.")
     tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
@@ -449,16 +457,30 @@ def _cmd_dedup(args) -> int:
 
 
 def _cmd_train(args) -> int:
-    from .config import TrainConfig
+    from .config import ConfigError, TrainConfig
     from trainer.train import train
 
     tcfg = _load(args.config).train if args.config else TrainConfig()
+    workers = args.num_parallel_workers
+    if workers is not None and workers != "auto":
+        try:
+            workers = int(workers)
+        except ValueError:
+            raise ConfigError(f"--num-parallel-workers {workers}: expected a positive integer or auto") from None
     for attr, value in (("steps", args.steps), ("rank", args.rank), ("batch_size", args.batch_size), ("lr", args.lr),
-                        ("num_parallel_workers", args.num_parallel_workers)):
+                        ("num_parallel_workers", workers), ("grad_accumulation", args.grad_accumulation),
+                        ("checkpoint_every", args.checkpoint_every)):
         if value is not None:
             setattr(tcfg, attr, value)
+    if args.action == "lr-find":
+        from trainer.train import lr_find
+
+        result = lr_find(args.shards, tcfg, log=_log)
+        _log(f"largest lr at which the loss still falls steadily: {result['largest_falling_lr']:.3g}; "
+             f"suggested: {result['suggested_lr']:.3g}")
+        return 0
     out = args.out or str(Path(args.shards).resolve().parent / "train")
-    summary = train(args.shards, out, tcfg, log=_log)
+    summary = train(args.shards, out, tcfg, log=_log, resume=args.resume)
     _log(f"training: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}; "
          f"data wait {100 * summary['data_wait_share']:.1f}%; metrics in {Path(out) / 'metrics.jsonl'}")
     return 0
@@ -478,7 +500,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "shards": _cmd_shards, "tokenizer": _cmd_tokenizer, "doctor": _cmd_doctor}
     try:
         return handlers[args.command](args)
-    except (ConfigError, InputError, PipelineError, LedgerError, ShardMismatch, ConnectionError, TokenizerError) as e:
+    except (ConfigError, InputError, PipelineError, LedgerError, ShardMismatch, ConnectionError, TokenizerError,
+            FileNotFoundError) as e:
         print(f"corpusmill: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

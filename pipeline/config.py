@@ -300,9 +300,22 @@ class TrainConfig(_Section):
     grad_clip: float = Field(1.0, gt=0)
     seed: int = 0
     rank: int = Field(0, ge=0, description="Which rank's files this process reads.")
-    num_parallel_workers: int = Field(1, gt=0, description="MindDataset reader threads (at most the CPU count).")
+    num_parallel_workers: Union[Literal["auto"], int] = Field(
+        "auto", description="MindDataset reader threads (at most the CPU count), or auto: measured at start-up for "
+        "candidate counts, the fastest chosen, cached per shard set and machine.")
     shuffle: bool = Field(True, description="Shuffle samples within the rank's files each epoch.")
+    grad_accumulation: int = Field(1, gt=0, description="Micro-batches summed (fp32) per optimizer step; a warning above 8.")
+    checkpoint_every: Optional[int] = Field(None, gt=0, description="Write an atomic checkpoint every N steps (and at "
+                                            "the end); `corpusmill train --resume` continues from the newest.")
+    keep_checkpoints: int = Field(2, gt=0, description="Checkpoints kept (the newest).")
     model: ModelConfig = Field(default_factory=ModelConfig)
+
+    @field_validator("num_parallel_workers")
+    @classmethod
+    def _positive_workers(cls, v):
+        if v != "auto" and (isinstance(v, bool) or v < 1):
+            raise ValueError("must be a positive integer or 'auto'")
+        return v
 
 
 class Config(_Section):

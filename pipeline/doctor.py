@@ -115,9 +115,11 @@ def check_cpus(cfg: Any) -> list[Check]:
                             f"{workers} LocalCluster workers x {cfg.cluster.threads_per_worker} threads on {cpus} CPUs",
                             f"set cluster.n_workers x cluster.threads_per_worker to at most {cpus}"))
     npw = cfg.train.num_parallel_workers
-    checks.append(Check("num_parallel_workers", ERROR if npw > cpus else OK,
-                        f"train.num_parallel_workers {npw} on {cpus} CPUs" + (" (MindSpore refuses more)" if npw > cpus else ""),
-                        f"set train.num_parallel_workers to at most {cpus}"))
+    too_many = npw != "auto" and npw > cpus
+    checks.append(Check("num_parallel_workers", ERROR if too_many else OK,
+                        f"train.num_parallel_workers {npw} on {cpus} CPUs" + (" (MindSpore refuses more)" if too_many else
+                                                                              " (measured at start-up)" if npw == "auto" else ""),
+                        f"set train.num_parallel_workers to at most {cpus}, or auto"))
     return checks
 
 

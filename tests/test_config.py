@@ -55,3 +55,13 @@ def test_section_hash_changes_with_section_only():
     a, b = Config(), Config(pack={"seq_length": 64})
     assert a.section_hash("filter") == b.section_hash("filter")
     assert a.section_hash("pack") != b.section_hash("pack")
+
+
+def test_every_shipped_config_loads():
+    from pipeline.cli import CONFIG_DIR
+
+    for path in sorted(CONFIG_DIR.glob("*.yaml")):
+        cfg = load_config(path)
+        assert cfg.config_version == 2 and not cfg.migration_notes, path
+    big = load_config(CONFIG_DIR / "llama-7b.yaml").train.model
+    assert (big.hidden_size, big.num_layers, big.num_heads, big.intermediate_size) == (4096, 32, 32, 11008)

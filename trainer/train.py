@@ -6,11 +6,13 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
+from . import checkpoint
 from .data import check_model_fits, load_manifest, rank_dataset, rank_files
+from .workers import choose as choose_workers
 
 
 def lr_schedule(steps: int, peak: float, warmup: int, min_ratio: float) -> np.ndarray:
@@ -25,92 +27,137 @@ def lr_schedule(steps: int, peak: float, warmup: int, min_ratio: float) -> np.nd
     return lrs
 
 
-def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train for `tcfg.steps` steps on rank `tcfg.rank`'s shards; returns the summary."""
-    import mindspore as ms
-    from mindspore import Tensor, nn, ops
+class _Session:
+    """Everything a training run or an lr-find run sets up: model, optimizer, step function, data."""
 
-    from .model import DecoderLM, ModelShape
+    def __init__(self, shards_dir: str, tcfg: Any, lrs: np.ndarray, log: Callable[[str], None]):
+        import mindspore as ms
+        from mindspore import Tensor, nn, ops
 
-    manifest = load_manifest(shards_dir)
-    seq_length, vocab_size = check_model_fits(manifest, tcfg.model.seq_length, tcfg.model.vocab_size)
-    files, sharding = rank_files(manifest, shards_dir, tcfg.rank)
+        from .model import DecoderLM, ModelShape
+
+        self.manifest = load_manifest(shards_dir)
+        self.seq_length, self.vocab_size = check_model_fits(self.manifest, tcfg.model.seq_length, tcfg.model.vocab_size)
+        self.files, self.sharding = rank_files(self.manifest, shards_dir, tcfg.rank)
+        ms.set_context(mode=ms.PYNATIVE_MODE, device_target=os.environ.get("CORPUSMILL_DEVICE", "CPU"))
+        ms.set_seed(tcfg.seed)
+        self.shape = ModelShape(vocab_size=self.vocab_size, seq_length=self.seq_length, hidden_size=tcfg.model.hidden_size,
+                                num_layers=tcfg.model.num_layers, num_heads=tcfg.model.num_heads,
+                                intermediate_size=tcfg.model.intermediate_size or 0)
+        tok = self.manifest["tokenizer"]
+        # only a dedicated pad id is masked out of the loss; a pad borrowed from <unk> is a real token
+        self.pad_is_real_token = tok.get("pad_source") not in ("tokenizer", "config")
+        self.net = DecoderLM(self.shape, ignore_id=-1 if self.pad_is_real_token else tok["pad_id"])
+        params = self.net.trainable_params()
+        decay = [p for p in params if len(p.shape) >= 2]
+        no_decay = [p for p in params if len(p.shape) < 2]
+        log(f"train: weight decay {tcfg.weight_decay} on {len(decay)} weight matrices "
+            f"({', '.join(sorted({p.name.split('.')[-2] if '.' in p.name else p.name for p in decay}))}); "
+            f"none on {len(no_decay)} norm/bias parameters")
+        self.optimizer = nn.AdamWeightDecay(
+            [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            learning_rate=Tensor(lrs), beta1=0.9, beta2=0.95, eps=1e-8)
+        grad_fn = ms.value_and_grad(self.net, None, self.optimizer.parameters)
+        clip, accumulate = tcfg.grad_clip, tcfg.grad_accumulation
+
+        def step(micro_batches):
+            total_loss, acc = None, None
+            for batch in micro_batches:  # gradients summed in fp32 buffers, then averaged
+                loss, grads = grad_fn(batch)
+                grads = tuple(g.astype(ms.float32) for g in grads)
+                acc = grads if acc is None else tuple(a + g for a, g in zip(acc, grads))
+                total_loss = loss if total_loss is None else total_loss + loss
+            grads = tuple(g / accumulate for g in acc)
+            norm = ops.sqrt(sum(ops.sum(ops.square(g)) for g in grads))
+            scale = clip / ops.maximum(norm, clip)
+            self.optimizer(tuple((g * scale).astype(p.dtype) for g, p in zip(grads, self.optimizer.parameters)))
+            return total_loss / accumulate, norm
+
+        self.step = step
+        workers = tcfg.num_parallel_workers
+        self.worker_rates: dict = {}
+        if workers == "auto":
+            workers, self.worker_rates = choose_workers(self.files, self.sharding, tcfg.batch_size,
+                                                         str(Path(shards_dir) / "manifest.json"), log=log)
+        self.num_parallel_workers = int(workers)
+        data = rank_dataset(self.files, self.sharding, tcfg.batch_size, self.num_parallel_workers, tcfg.shuffle, tcfg.seed)
+        if data.get_dataset_size() == 0:
+            raise ValueError(f"rank {tcfg.rank} has fewer samples ({self.manifest['samples_per_rank']}) than one batch "
+                             f"({tcfg.batch_size})")
+        self.batches = data.repeat().create_tuple_iterator(num_epochs=1)
+
+
+def _diagnose_first_batch(batch: np.ndarray, session: _Session, tcfg: Any, warmup: int, log: Callable[[str], None]) -> list[str]:
+    """The guide's checks for a loss that will not fall, on the first batch and the config."""
+    warnings = []
+    tokens, labels = batch[:, :-1], batch[:, 1:]
+    same = float((tokens == labels).mean())
+    log(f"train: label shift checked on the first batch: labels are input_ids[1:] ({same:.1%} of positions repeat "
+        "the previous token)")
+    if same > 0.5:
+        warnings.append(f"{same:.0%} of label positions equal their input token: degenerate windows (padding?) or "
+                        "labels that are not shifted by one")
+    if session.pad_is_real_token and session.manifest.get("pack_mode", "concat") != "concat":
+        warnings.append("the pad id is borrowed from <unk>, a real token: padding cannot be excluded from the loss; "
+                        "give tokenizer.pad_id a dedicated id")
+    if tcfg.lr < 1e-6:
+        warnings.append(f"learning rate {tcfg.lr:g} is tiny: the loss will barely move")
+    share = warmup / max(1, tcfg.steps)
+    if not 0.01 <= share <= 0.03 and tcfg.steps >= 100:
+        warnings.append(f"warmup is {share:.1%} of the steps; the guide recommends 1-3%")
+    if tcfg.grad_accumulation > 8:
+        warnings.append(f"gradient accumulation of {tcfg.grad_accumulation} micro-batches: consider a larger batch or "
+                        "more data-parallel ranks (stale, noisy steps)")
+    for w in warnings:
+        log(f"train: WARNING: {w}")
+    return warnings
+
+
+def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] = print, resume: bool = False,
+          stop_after: Optional[int] = None) -> dict[str, Any]:
+    """Train for `tcfg.steps` optimizer steps on rank `tcfg.rank`'s share; with `resume`, continue
+    from the newest checkpoint in OUT/checkpoints at the exact next batch. `stop_after` ends this
+    process after that many steps (a time-boxed job; resume it later)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-
-    ms.set_context(mode=ms.PYNATIVE_MODE, device_target=os.environ.get("CORPUSMILL_DEVICE", "CPU"))
-    ms.set_seed(tcfg.seed)
-    shape = ModelShape(
-        vocab_size=vocab_size,
-        seq_length=seq_length,
-        hidden_size=tcfg.model.hidden_size,
-        num_layers=tcfg.model.num_layers,
-        num_heads=tcfg.model.num_heads,
-        intermediate_size=tcfg.model.intermediate_size or 0,
-    )
-    tok = manifest["tokenizer"]
-    # only a dedicated pad id is masked out of the loss; a pad borrowed from <unk> is not
-    ignore_id = tok["pad_id"] if tok.get("pad_source") in ("tokenizer", "config") else -1
-    net = DecoderLM(shape, ignore_id=ignore_id)
-
     warmup = tcfg.warmup_steps if tcfg.warmup_steps is not None else max(1, round(0.02 * tcfg.steps))
     lrs = lr_schedule(tcfg.steps, tcfg.lr, warmup, tcfg.min_lr_ratio)
-    params = net.trainable_params()
-    decay = [p for p in params if len(p.shape) >= 2]
-    no_decay = [p for p in params if len(p.shape) < 2]
-    log(f"train: {len(decay)} weight matrices decay (wd={tcfg.weight_decay}); {len(no_decay)} norm/bias params do not")
-    optimizer = nn.AdamWeightDecay(
-        [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        learning_rate=Tensor(lrs),
-        beta1=0.9,
-        beta2=0.95,
-        eps=1e-8,
-    )
-    grad_fn = ms.value_and_grad(net, None, optimizer.parameters)
-    clip = tcfg.grad_clip
-
-    def train_step(batch):
-        loss, grads = grad_fn(batch)
-        norm = ops.sqrt(sum(ops.sum(ops.square(g.astype(ms.float32))) for g in grads))
-        scale = clip / ops.maximum(norm, clip)
-        grads = tuple(g * scale.astype(g.dtype) for g in grads)
-        optimizer(grads)
-        return loss, norm
-
-    data = rank_dataset(files, sharding, tcfg.batch_size, tcfg.num_parallel_workers, tcfg.shuffle, tcfg.seed)
-    per_epoch = data.get_dataset_size()
-    if per_epoch == 0:
-        raise ValueError(
-            f"rank {tcfg.rank} has fewer samples ({manifest['samples_per_rank']}) than one batch ({tcfg.batch_size})"
-        )
-    batches = data.repeat().create_tuple_iterator(num_epochs=1)
-    log(
-        f"train: rank {tcfg.rank}, {len(files)} files ({manifest.get('layout', 'per_rank')} layout), "
-        f"{manifest['samples_per_rank']} samples, "
-        f"model {shape.num_layers}x{shape.hidden_size} vocab {vocab_size} seq {seq_length}, {tcfg.steps} steps"
-    )
+    session = _Session(shards_dir, tcfg, lrs, log)
+    shape, seq_length = session.shape, session.seq_length
+    log(f"train: rank {tcfg.rank}, {len(session.files)} files ({session.manifest.get('layout', 'per_rank')} layout), "
+        f"{session.manifest['samples_per_rank']} samples, model {shape.num_layers}x{shape.hidden_size} vocab "
+        f"{session.vocab_size} seq {seq_length}, {tcfg.steps} steps x {tcfg.grad_accumulation} micro-batches")
     metrics_path = out / "metrics.jsonl"
-    tokens_per_step = tcfg.batch_size * seq_length
+    start_step, losses, warnings = 0, [], []
     totals = {"data_wait_s": 0.0, "compute_s": 0.0}
-    losses = []
+    if resume:
+        folder = checkpoint.latest(out)
+        if folder is None:
+            raise FileNotFoundError(f"--resume: no checkpoint in {out / 'checkpoints'}")
+        state = checkpoint.load(session.optimizer, folder)
+        start_step, losses = state["step"], state["losses"]
+        for _ in range(state["batches"]):  # the same seeded order: skip exactly what was consumed
+            next(session.batches)
+        kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= start_step] \
+            if metrics_path.is_file() else []
+        metrics_path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        log(f"train: resumed from {folder} at step {start_step} (batch {state['batches']})")
+    tokens_per_step = tcfg.batch_size * tcfg.grad_accumulation * seq_length
+    flat_checked = False
     t_start = time.perf_counter()
-    with open(metrics_path, "w", encoding="utf-8") as metrics:
-        for step in range(tcfg.steps):
+    with open(metrics_path, "a", encoding="utf-8") as metrics:
+        end = tcfg.steps if stop_after is None else min(tcfg.steps, start_step + stop_after)
+        for step in range(start_step, end):
             t0 = time.perf_counter()
-            (batch,) = next(batches)
+            micro = [next(session.batches)[0] for _ in range(tcfg.grad_accumulation)]
             t1 = time.perf_counter()
-            loss, norm = train_step(batch)
+            if step == start_step and not resume:
+                warnings += _diagnose_first_batch(micro[0].asnumpy(), session, tcfg, warmup, log)
+            loss, norm = session.step(micro)
             loss_value = float(loss.asnumpy())
             t2 = time.perf_counter()
-            record = {
-                "step": step + 1,
-                "loss": loss_value,
-                "lr": float(lrs[step]),
-                "grad_norm": float(norm.asnumpy()),
-                "tokens_per_s": tokens_per_step / max(t2 - t0, 1e-9),
-                "data_wait_s": t1 - t0,
-                "compute_s": t2 - t1,
-            }
+            record = {"step": step + 1, "loss": loss_value, "lr": float(lrs[step]), "grad_norm": float(norm.asnumpy()),
+                      "tokens_per_s": tokens_per_step / max(t2 - t0, 1e-9), "data_wait_s": t1 - t0, "compute_s": t2 - t1}
             totals["data_wait_s"] += record["data_wait_s"]
             totals["compute_s"] += record["compute_s"]
             losses.append(loss_value)
@@ -121,25 +168,73 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
             if step == 0 or (step + 1) % 10 == 0 or step + 1 == tcfg.steps:
                 log(f"  step {step + 1:>5}/{tcfg.steps}  loss {loss_value:.4f}  lr {lrs[step]:.2e}  "
                     f"grad_norm {record['grad_norm']:.3f}  {record['tokens_per_s']:.0f} tok/s")
+            after = step + 1 - warmup
+            if not flat_checked and after >= max(20, tcfg.steps // 10):
+                flat_checked = True
+                early, late = np.mean(losses[warmup:warmup + 10]), np.mean(losses[-10:])
+                if late > 0.99 * early:
+                    w = (f"loss is flat after warmup ({early:.3f} -> {late:.3f}); check: the learning rate "
+                         f"({tcfg.lr:g}; try `corpusmill train lr-find`), the label shift, the pad id (masked: "
+                         f"{not session.pad_is_real_token}), and that the shards hold real text (`corpusmill shards inspect`)")
+                    warnings.append(w)
+                    log(f"train: WARNING: {w}")
+            if tcfg.checkpoint_every and ((step + 1) % tcfg.checkpoint_every == 0 or step + 1 in (tcfg.steps, end)):
+                checkpoint.save(session.optimizer, out, step + 1,
+                                {"batches": (step + 1) * tcfg.grad_accumulation, "losses": losses},
+                                keep=tcfg.keep_checkpoints)
     wall = time.perf_counter() - t_start
     head = float(np.mean(losses[: max(1, len(losses) // 10)]))
     tail = float(np.mean(losses[-max(1, len(losses) // 10):]))
     summary = {
-        "steps": tcfg.steps,
+        "steps": len(losses),
+        "planned_steps": tcfg.steps,
+        "resumed_at_step": start_step,
         "rank": tcfg.rank,
         "first_loss": losses[0],
         "last_loss": losses[-1],
         "loss_start_mean": head,
         "loss_end_mean": tail,
-        "tokens": tokens_per_step * tcfg.steps,
+        "tokens": tokens_per_step * (len(losses) - start_step),
+        "tokens_per_s": tokens_per_step * (len(losses) - start_step) / max(wall, 1e-9),
         "wall_s": wall,
         "data_wait_s": totals["data_wait_s"],
         "compute_s": totals["compute_s"],
         "data_wait_share": totals["data_wait_s"] / max(wall, 1e-9),
-        "num_parallel_workers": tcfg.num_parallel_workers,
+        "num_parallel_workers": session.num_parallel_workers,
+        "num_parallel_workers_rates": session.worker_rates,
+        "grad_accumulation": tcfg.grad_accumulation,
         "warmup_steps": warmup,
+        "warnings": warnings,
         "model": shape.__dict__,
         "shards": os.path.abspath(shards_dir),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
+
+
+def lr_find(shards_dir: str, tcfg: Any, steps: int = 60, low: float = 1e-5, high: float = 1.0,
+            log: Callable[[str], None] = print) -> dict[str, Any]:
+    """A learning-rate range test: the rate grows exponentially from `low` to `high` over `steps`
+    steps (no warmup, no decay); the loss is smoothed (EMA 0.8). Reports the largest rate at which
+    the smoothed loss still falls steadily (over each of the 3 steps before it) and a rate 25% below."""
+    lrs = (low * (high / low) ** (np.arange(steps) / max(1, steps - 1))).astype(np.float32)
+    session = _Session(shards_dir, tcfg, lrs, log)
+    raw, smooth, avg = [], [], None
+    for i in range(steps):
+        micro = [next(session.batches)[0] for _ in range(tcfg.grad_accumulation)]
+        loss = float(session.step(micro)[0].asnumpy())
+        raw.append(loss)
+        avg = loss if avg is None else 0.8 * avg + 0.2 * loss
+        smooth.append(avg)
+        if not math.isfinite(loss) or (i > 5 and avg > 4 * min(smooth)):
+            break
+    best = int(np.argmin(smooth))
+    k = best
+    while k >= 3 and not all(smooth[j] < smooth[j - 1] for j in range(k - 2, k + 1)):
+        k -= 1
+    largest = float(lrs[k])
+    result = {"largest_falling_lr": largest, "suggested_lr": 0.75 * largest, "steps_run": len(raw),
+              "lrs": [float(x) for x in lrs[:len(raw)]], "losses": raw, "smoothed": smooth}
+    log(f"lr-find: the loss still falls steadily up to lr {largest:.3g} (smoothed loss {smooth[k]:.3f}, lowest "
+        f"{smooth[best]:.3f} at {lrs[best]:.3g}); suggested lr {0.75 * largest:.3g}")
+    return result

@@ -1,0 +1,77 @@
+"""The training stage: exact resume, gradient accumulation, auto reader threads, lr-find (real MindSpore, CPU)."""
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.runner import Pipeline
+from tests.test_pipeline_e2e import build_corpus, e2e_config
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, dask_client):
+    root = tmp_path_factory.mktemp("train")
+    build_corpus(root / "corpus")
+    cfg = parse_config(e2e_config(root / "corpus", shard={"ranks": 1, "files_per_rank": 2}))
+    Pipeline(cfg, root / "out", client=dask_client, log=lambda m: None).run()
+    return root / "out" / "shards", cfg
+
+
+def _tcfg(cfg, **over):
+    return cfg.train.model_copy(update={"num_parallel_workers": 1, **over})
+
+
+def _losses(out):
+    return [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_interrupted_and_resumed_run_has_the_losses_of_an_uninterrupted_one(shards, tmp_path):
+    from trainer.train import train
+
+    shards_dir, cfg = shards
+    tcfg = _tcfg(cfg, steps=12, checkpoint_every=4, batch_size=4)
+    train(str(shards_dir), str(tmp_path / "whole"), tcfg, log=lambda m: None)
+    first = train(str(shards_dir), str(tmp_path / "split"), tcfg, log=lambda m: None, stop_after=6)
+    assert first["steps"] == 6 and (tmp_path / "split" / "checkpoints" / "step-00000006" / "state.json").is_file()
+    assert not list((tmp_path / "split" / "checkpoints").glob(".tmp-*"))  # written atomically
+    second = train(str(shards_dir), str(tmp_path / "split"), tcfg, log=lambda m: None, resume=True)
+    assert second["resumed_at_step"] == 6 and second["steps"] == 12
+    whole, split = _losses(tmp_path / "whole"), _losses(tmp_path / "split")
+    assert len(split) == 12 and np.allclose(whole, split, rtol=0, atol=1e-6), (whole, split)
+    assert sorted(p.name for p in (tmp_path / "split" / "checkpoints").iterdir()) == ["step-00000008", "step-00000012"]
+
+
+def test_gradient_accumulation_equals_the_larger_batch(shards, tmp_path):
+    from trainer.train import train
+
+    shards_dir, cfg = shards
+    big = train(str(shards_dir), str(tmp_path / "big"), _tcfg(cfg, steps=3, batch_size=8), log=lambda m: None)
+    acc = train(str(shards_dir), str(tmp_path / "acc"), _tcfg(cfg, steps=3, batch_size=4, grad_accumulation=2),
+                log=lambda m: None)
+    assert np.allclose(_losses(tmp_path / "big"), _losses(tmp_path / "acc"), rtol=1e-4)
+    assert acc["tokens"] == big["tokens"] and acc["grad_accumulation"] == 2
+
+
+def test_auto_reader_threads_are_measured_then_cached(shards, tmp_path):
+    from trainer.data import load_manifest, rank_files
+    from trainer.workers import candidates, choose
+
+    shards_dir, _ = shards
+    files, sharding = rank_files(load_manifest(str(shards_dir)), str(shards_dir), 0)
+    logs = []
+    chosen, rates = choose(files, sharding, 4, str(shards_dir / "manifest.json"), log=logs.append,
+                           cache=tmp_path / "cache.json")
+    assert set(rates) == set(candidates(__import__("os").cpu_count())) and chosen in rates and all(r > 0 for r in rates.values())
+    again, _ = choose(files, sharding, 4, str(shards_dir / "manifest.json"), log=logs.append, cache=tmp_path / "cache.json")
+    assert again == chosen and "cached" in logs[-1]
+
+
+def test_lr_find_reports_a_falling_range_and_a_lower_suggestion(shards):
+    from trainer.train import lr_find
+
+    shards_dir, cfg = shards
+    result = lr_find(str(shards_dir), _tcfg(cfg, batch_size=4), steps=30, log=lambda m: None)
+    assert 1e-5 <= result["largest_falling_lr"] <= 1.0
+    assert result["suggested_lr"] == pytest.approx(0.75 * result["largest_falling_lr"])
+    assert result["steps_run"] >= 10
