@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from . import checkpoint
-from .data import check_model_fits, load_manifest, rank_dataset, rank_files
+from .data import ShardMismatch, check_model_fits, load_manifest, rank_dataset, rank_files
 from .workers import choose as choose_workers
 
 
@@ -38,8 +38,18 @@ class _Session:
 
         self.manifest = load_manifest(shards_dir)
         self.seq_length, self.vocab_size = check_model_fits(self.manifest, tcfg.model.seq_length, tcfg.model.vocab_size)
-        self.files, self.sharding = rank_files(self.manifest, shards_dir, tcfg.rank)
         ms.set_context(mode=ms.PYNATIVE_MODE, device_target=os.environ.get("CORPUSMILL_DEVICE", "CPU"))
+        self.rank, self.world = tcfg.rank, 1
+        if launched_distributed():
+            from mindspore.communication import get_group_size, get_rank, init
+
+            init()
+            self.rank, self.world = get_rank(), get_group_size()
+            if self.world != self.manifest["ranks"]:
+                raise ShardMismatch(f"{self.world} processes were launched but the shards were written for "
+                                    f"{self.manifest['ranks']} data-parallel ranks")
+            log(f"train: data parallel, rank {self.rank} of {self.world}: gradients all-reduced (mean)")
+        self.files, self.sharding = rank_files(self.manifest, shards_dir, self.rank)
         ms.set_seed(tcfg.seed)
         self.shape = ModelShape(vocab_size=self.vocab_size, seq_length=self.seq_length, hidden_size=tcfg.model.hidden_size,
                                 num_layers=tcfg.model.num_layers, num_heads=tcfg.model.num_heads,
@@ -59,6 +69,8 @@ class _Session:
             learning_rate=Tensor(lrs), beta1=0.9, beta2=0.95, eps=1e-8)
         grad_fn = ms.value_and_grad(self.net, None, self.optimizer.parameters)
         clip, accumulate = tcfg.grad_clip, tcfg.grad_accumulation
+        reduce = nn.DistributedGradReducer(self.optimizer.parameters, mean=True, degree=self.world) \
+            if self.world > 1 else None
 
         def step(micro_batches):
             total_loss, acc = None, None
@@ -68,6 +80,8 @@ class _Session:
                 acc = grads if acc is None else tuple(a + g for a, g in zip(acc, grads))
                 total_loss = loss if total_loss is None else total_loss + loss
             grads = tuple(g / accumulate for g in acc)
+            if reduce is not None:  # every rank applies the same mean gradient, so parameters stay identical
+                grads = reduce(grads)
             norm = ops.sqrt(sum(ops.sum(ops.square(g)) for g in grads))
             scale = clip / ops.maximum(norm, clip)
             self.optimizer(tuple((g * scale).astype(p.dtype) for g, p in zip(grads, self.optimizer.parameters)))
@@ -85,6 +99,11 @@ class _Session:
             raise ValueError(f"rank {tcfg.rank} has fewer samples ({self.manifest['samples_per_rank']}) than one batch "
                              f"({tcfg.batch_size})")
         self.batches = data.repeat().create_tuple_iterator(num_epochs=1)
+
+
+def launched_distributed() -> bool:
+    """Started by msrun (or another launcher that sets MindSpore's cluster variables) with >1 workers."""
+    return int(os.environ.get("MS_WORKER_NUM", os.environ.get("RANK_SIZE", "1")) or 1) > 1
 
 
 def _diagnose_first_batch(batch: np.ndarray, session: _Session, tcfg: Any, warmup: int, log: Callable[[str], None]) -> list[str]:
@@ -118,13 +137,13 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
     """Train for `tcfg.steps` optimizer steps on rank `tcfg.rank`'s share; with `resume`, continue
     from the newest checkpoint in OUT/checkpoints at the exact next batch. `stop_after` ends this
     process after that many steps (a time-boxed job; resume it later)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     warmup = tcfg.warmup_steps if tcfg.warmup_steps is not None else max(1, round(0.02 * tcfg.steps))
     lrs = lr_schedule(tcfg.steps, tcfg.lr, warmup, tcfg.min_lr_ratio)
     session = _Session(shards_dir, tcfg, lrs, log)
+    out = Path(out_dir) / f"rank-{session.rank}" if session.world > 1 else Path(out_dir)  # one folder per process
+    out.mkdir(parents=True, exist_ok=True)
     shape, seq_length = session.shape, session.seq_length
-    log(f"train: rank {tcfg.rank}, {len(session.files)} files ({session.manifest.get('layout', 'per_rank')} layout), "
+    log(f"train: rank {session.rank}, {len(session.files)} files ({session.manifest.get('layout', 'per_rank')} layout), "
         f"{session.manifest['samples_per_rank']} samples, model {shape.num_layers}x{shape.hidden_size} vocab "
         f"{session.vocab_size} seq {seq_length}, {tcfg.steps} steps x {tcfg.grad_accumulation} micro-batches")
     metrics_path = out / "metrics.jsonl"
@@ -189,7 +208,8 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
         "steps": len(losses),
         "planned_steps": tcfg.steps,
         "resumed_at_step": start_step,
-        "rank": tcfg.rank,
+        "rank": session.rank,
+        "world_size": session.world,
         "first_loss": losses[0],
         "last_loss": losses[-1],
         "loss_start_mean": head,

@@ -60,7 +60,7 @@ def choose(files: list[str], sharding: dict, batch_size: int, manifest_path: str
     log(f"train: num_parallel_workers auto -> {chosen} (measured batches/s: {rates})")
     known[key] = {"chosen": chosen, "rates": rates}
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
+    tmp = cache.with_suffix(f".tmp-{os.getpid()}")  # data-parallel ranks may write at once
     tmp.write_text(json.dumps(known, indent=1))
     os.replace(tmp, cache)
     return chosen, rates
