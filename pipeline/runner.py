@@ -774,11 +774,13 @@ class _ProgressNote:
 
 
 def _removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3) -> dict:
-    """A few removed documents per reason, with the first 300 characters of their text."""
-    files = sorted(removed_dir.glob("*.parquet"))[:8]
+    """A few removed documents per reason (every reason, from all parts), with the first 300
+    characters of their text."""
+    files = sorted(removed_dir.glob("*.parquet"))
     if not files:
         return {}
-    removed = pd.concat([pq.read_table(str(f)).to_pandas() for f in files], ignore_index=True)
+    removed = pd.concat([pq.read_table(str(f), columns=["uid", "id", "reason", "score"]).to_pandas() for f in files],
+                        ignore_index=True)
     picked = removed.groupby("reason").head(per_reason)
     want = set(picked["uid"].tolist())
     texts: dict[int, str] = {}
