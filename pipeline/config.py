@@ -304,6 +304,10 @@ class TrainConfig(_Section):
         "auto", description="MindDataset reader threads (at most the CPU count), or auto: measured at start-up for "
         "candidate counts, the fastest chosen, cached per shard set and machine.")
     shuffle: bool = Field(True, description="Shuffle samples within the rank's files each epoch.")
+    recompute: bool = Field(False, description="Recompute each layer's activations in the backward pass instead of "
+                            "keeping them: less memory for about a third more compute.")
+    profile_steps: Optional[tuple[int, int]] = Field(
+        None, description="[first, last] step of a mindspore.Profiler window; the trace goes to OUT/profile.")
     grad_accumulation: int = Field(1, gt=0, description="Micro-batches summed (fp32) per optimizer step; a warning above 8.")
     checkpoint_every: Optional[int] = Field(None, gt=0, description="Write an atomic checkpoint every N steps (and at "
                                             "the end); `corpusmill train --resume` continues from the newest.")

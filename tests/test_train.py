@@ -111,3 +111,15 @@ def test_two_rank_data_parallel_under_msrun_ends_with_identical_parameters(tmp_p
     assert losses[0] != losses[1]  # each rank trained on its own data
     summaries = [json.loads((root / "train" / f"rank-{r}" / "summary.json").read_text()) for r in (0, 1)]
     assert [s["rank"] for s in summaries] == [0, 1] and all(s["world_size"] == 2 for s in summaries)
+
+
+def test_recompute_keeps_the_losses_and_a_profiler_window_writes_a_trace(shards, tmp_path):
+    from trainer.train import train
+
+    shards_dir, cfg = shards
+    train(str(shards_dir), str(tmp_path / "plain"), _tcfg(cfg, steps=3, batch_size=4), log=lambda m: None)
+    summary = train(str(shards_dir), str(tmp_path / "re"), _tcfg(cfg, steps=3, batch_size=4, recompute=True,
+                                                                  profile_steps=(2, 3)), log=lambda m: None)
+    assert np.allclose(_losses(tmp_path / "plain"), _losses(tmp_path / "re"), rtol=1e-5)
+    assert summary["recompute"] and summary["profile_dir"]
+    assert any(p.is_file() for p in (tmp_path / "re" / "profile").rglob("*"))

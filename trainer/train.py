@@ -58,6 +58,10 @@ class _Session:
         # only a dedicated pad id is masked out of the loss; a pad borrowed from <unk> is a real token
         self.pad_is_real_token = tok.get("pad_source") not in ("tokenizer", "config")
         self.net = DecoderLM(self.shape, ignore_id=-1 if self.pad_is_real_token else tok["pad_id"])
+        if tcfg.recompute:
+            for block in self.net.blocks:
+                block.recompute()
+            log(f"train: recomputing the activations of all {len(self.net.blocks)} layers in the backward pass")
         params = self.net.trainable_params()
         decay = [p for p in params if len(p.shape) >= 2]
         no_decay = [p for p in params if len(p.shape) < 2]
@@ -163,10 +167,17 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
         log(f"train: resumed from {folder} at step {start_step} (batch {state['batches']})")
     tokens_per_step = tcfg.batch_size * tcfg.grad_accumulation * seq_length
     flat_checked = False
+    profiler, profile_dir = None, None
     t_start = time.perf_counter()
     with open(metrics_path, "a", encoding="utf-8") as metrics:
         end = tcfg.steps if stop_after is None else min(tcfg.steps, start_step + stop_after)
         for step in range(start_step, end):
+            if tcfg.profile_steps and step + 1 == tcfg.profile_steps[0]:
+                import mindspore as ms
+
+                profile_dir = out / "profile"
+                profiler = ms.Profiler(output_path=str(profile_dir))
+                log(f"train: profiling steps {tcfg.profile_steps[0]}-{tcfg.profile_steps[1]} into {profile_dir}")
             t0 = time.perf_counter()
             micro = [next(session.batches)[0] for _ in range(tcfg.grad_accumulation)]
             t1 = time.perf_counter()
@@ -197,6 +208,10 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
                          f"{not session.pad_is_real_token}), and that the shards hold real text (`corpusmill shards inspect`)")
                     warnings.append(w)
                     log(f"train: WARNING: {w}")
+            if profiler is not None and (step + 1 == tcfg.profile_steps[1] or step + 1 == end):
+                profiler.stop()
+                profiler.analyse()
+                profiler = None
             if tcfg.checkpoint_every and ((step + 1) % tcfg.checkpoint_every == 0 or step + 1 in (tcfg.steps, end)):
                 checkpoint.save(session.optimizer, out, step + 1,
                                 {"batches": (step + 1) * tcfg.grad_accumulation, "losses": losses},
@@ -223,6 +238,8 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
         "num_parallel_workers": session.num_parallel_workers,
         "num_parallel_workers_rates": session.worker_rates,
         "grad_accumulation": tcfg.grad_accumulation,
+        "recompute": tcfg.recompute,
+        "profile_dir": str(profile_dir) if profile_dir else None,
         "warmup_steps": warmup,
         "warnings": warnings,
         "model": shape.__dict__,
