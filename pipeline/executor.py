@@ -24,11 +24,12 @@ def _as_table(data: Any, schema: pa.Schema) -> pa.Table:
 
 
 def run_batch_part(fn: Callable[..., Any], in_path: str, out_dir: str, reader: str, kwargs: dict,
-                   rows: Optional[tuple[int, int]] = None, name: Optional[str] = None, suffix: str = ".parquet") -> dict:
+                   rows: Optional[tuple[int, int]] = None, name: Optional[str] = None, suffix: str = ".parquet",
+                   columns: Optional[list[str]] = None) -> dict:
     """Read one part (or its rows [start, stop)), apply `fn`, write kept rows to `out_dir/<name>` and
     removed to `out_dir/removed/<name>`."""
     start = time.perf_counter()
-    table = read_table(in_path) if rows is None else read_rows(in_path, rows[0], rows[1])
+    table = read_table(in_path, columns) if rows is None else read_rows(in_path, rows[0], rows[1], columns)
     data = table if reader == "arrow" else table.to_pandas(types_mapper=pd.ArrowDtype)
     result = fn(data, **kwargs)
     extra = None

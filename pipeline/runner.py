@@ -137,7 +137,8 @@ class Pipeline:
         return stats
 
     def _map(self, in_name: str, folder: Path, fn: Callable, kwargs: dict, reader: str = "pandas",
-             split_mb: Optional[float] = None, suffix: str = ".parquet") -> tuple[dict, list]:
+             split_mb: Optional[float] = None, suffix: str = ".parquet", columns: Optional[list[str]] = None
+             ) -> tuple[dict, list]:
         """Map a batch stage over the parts of `in_name`. With `split_mb`, a part is cut into row slices
         of about that much text (estimated from its Parquet size), so a slow stage spreads evenly over
         the workers; slice outputs are named so that they sort in the parts' order."""
@@ -147,14 +148,15 @@ class Pipeline:
             if split_mb:
                 k = max(1, min(64, math.ceil(os.path.getsize(p) * TEXT_PER_PARQUET_BYTE / (split_mb * 2**20))))
             if k == 1:
-                tasks.append(delayed(run_batch_part)(fn, p, str(folder), reader, kwargs, suffix=suffix))
+                tasks.append(delayed(run_batch_part)(fn, p, str(folder), reader, kwargs, suffix=suffix, columns=columns))
                 continue
             n = pq.ParquetFile(p).metadata.num_rows
             bounds = np.linspace(0, n, k + 1).astype(int)
             stem = Path(p).stem
             for i in range(k):
                 tasks.append(delayed(run_batch_part)(fn, p, str(folder), reader, kwargs,
-                                                     (int(bounds[i]), int(bounds[i + 1])), f"{stem}-s{i:02d}{suffix}"))
+                                                     (int(bounds[i]), int(bounds[i + 1])), f"{stem}-s{i:02d}{suffix}",
+                                                     columns=columns))
         results = run_tasks(self.client, tasks, folder.name)
         total: dict = {}
         for r in results:
@@ -624,7 +626,7 @@ class Pipeline:
         stats, _ = self._map(source_stage, folder, tokenize.tokenize_batch,
                              {"model_path": str(model_path), "add_bos": tc.add_bos, "add_eos": tc.add_eos,
                               "batch_docs": tc.batch_docs}, reader="arrow", split_mb=TOKENIZE_SLICE_MB,
-                             suffix=".arrow")  # uncompressed Arrow IPC: 3x faster to write than zstd Parquet
+                             suffix=".arrow", columns=["uid", "text"])  # uncompressed Arrow IPC: 3x faster to write than zstd Parquet
         stats["prepare_s"] = round(prepared - started, 3)  # sample, train or copy the model, checks
         stats["encode_s"] = round(time.perf_counter() - prepared, 3)
         return stats
