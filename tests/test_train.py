@@ -95,7 +95,12 @@ def test_two_rank_data_parallel_under_msrun_ends_with_identical_parameters(tmp_p
     msrun = shutil.which("msrun", path=str(Path(sys.executable).parent))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "GLOG_v": "3"}
     entry = Path(__file__).resolve().parents[1] / "trainer" / "msrun_entry.py"
-    proc = subprocess.run([msrun, "--worker_num=2", "--local_worker_num=2", "--master_port=8137", "--join=True",
+    import socket
+
+    with socket.socket() as probe:  # a free port, so a busy 8118 on the CI host cannot fail the test
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.run([msrun, "--worker_num=2", "--local_worker_num=2", f"--master_port={port}", "--join=True",
                            f"--log_dir={root / 'logs'}", str(entry), "--shards", str(root / "out" / "shards"),
                            "--config", str(root / "cfg.yaml"), "--steps", "4", "--batch-size", "4",
                            "--checkpoint-every", "4", "--num-parallel-workers", "1", "--out", str(root / "train")],
