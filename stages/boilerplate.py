@@ -9,10 +9,12 @@ the lines seen in at least `min_docs` documents and `min_doc_share` of their sou
 from __future__ import annotations
 
 import re
-import unicodedata
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
@@ -26,12 +28,18 @@ def line_hash(line: str) -> int:
     return xxhash.xxh3_64_intdigest(line.strip().encode("utf-8")) - _SIGN
 
 
-def line_width(line: str) -> int:
-    """Display width: East Asian wide and full-width characters count 2."""
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in line.strip())
-
-
 WIDE = r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\x{3000}-\x{303f}\x{ff01}-\x{ff60}\x{ffe0}-\x{ffe6}]"
+
+
+def line_widths(lines: pa.Array) -> np.ndarray:
+    """Display width of each (trimmed) line: CJK and full-width characters count 2."""
+    length = pc.utf8_length(lines).to_numpy(zero_copy_only=False).astype(np.int64)
+    return length + pc.count_substring_regex(lines, WIDE).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def line_width(line: str) -> int:
+    """`line_widths` of one line."""
+    return int(line_widths(pa.array([line.strip()], pa.string()))[0])
 
 
 def source_key(source: str) -> int:
@@ -39,39 +47,53 @@ def source_key(source: str) -> int:
     return xxhash.xxh3_64_intdigest(source.encode("utf-8")) - _SIGN
 
 
+@dataclass
+class _Lines:
+    """Every line of a batch of documents, trimmed, as one Arrow array."""
+
+    doc: np.ndarray  # the document of each line
+    per_doc: np.ndarray  # lines per document, empty ones included
+    flat: pa.Array  # the trimmed lines
+    nonempty: np.ndarray  # whether a trimmed line has any character
+
+    @property
+    def nonempty_per_doc(self) -> np.ndarray:
+        return np.bincount(self.doc[self.nonempty], minlength=len(self.per_doc))
+
+
+def _split_lines(texts: pa.Array) -> _Lines:
+    lists = pc.split_pattern(texts, "\n")
+    offsets = lists.offsets.to_numpy()
+    per_doc = np.diff(offsets - offsets[0])
+    flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
+    nonempty = pc.utf8_length(flat).to_numpy(zero_copy_only=False) > 0
+    return _Lines(np.repeat(np.arange(len(texts), dtype=np.int64), per_doc), per_doc, flat, nonempty)
+
+
+def _hash_lines(lines: pa.Array) -> np.ndarray:
+    """`line_hash` of every line, computed once per distinct line."""
+    encoded = pc.dictionary_encode(lines)
+    uniques = encoded.dictionary.to_pylist()
+    table = np.fromiter((line_hash(u) for u in uniques), dtype=np.int64, count=len(uniques))
+    return table[encoded.indices.to_numpy(zero_copy_only=False)] if len(uniques) else np.empty(0, np.int64)
+
+
 def count_lines_part(path: str, min_width: int) -> pd.DataFrame:
     """(source key, hash, docs) for one partition: in how many documents of each source each line
     appears; plus, per source, its document count as a row with hash 0 and docs = -count. Vectorised
     with Arrow: lines split, trimmed and measured as arrays; only distinct lines are hashed in Python."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     table = pq.read_table(path, columns=["text", "source"])
-    n = table.num_rows
     sources = pc.fill_null(table.column("source").combine_chunks().cast(pa.string()), "")
     src_codes = pc.dictionary_encode(sources)
     src_names = src_codes.dictionary.to_pylist()
     doc_src = src_codes.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     per_source = np.bincount(doc_src, minlength=len(src_names))
-    lists = pc.split_pattern(table.column("text").combine_chunks(), "\n")
-    offsets = lists.offsets.to_numpy()
-    line_doc = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets - offsets[0]))
-    flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
-    length = pc.utf8_length(flat).to_numpy(zero_copy_only=False).astype(np.int64)
-    lines_per_doc = np.bincount(line_doc[length > 0], minlength=n)
+    lines = _split_lines(table.column("text").combine_chunks())
     # a one- or two-line document is content (or a duplicate), not a page with boilerplate
-    keep = (lines_per_doc[line_doc] >= MIN_DOC_LINES) & (length * 2 >= min_width)
-    width = length + pc.count_substring_regex(flat, WIDE).to_numpy(zero_copy_only=False).astype(np.int64)
-    keep &= width >= min_width
-    chosen = flat.filter(pa.array(keep))
-    encoded = pc.dictionary_encode(chosen)
-    uniques = encoded.dictionary.to_pylist()
-    table_h = np.fromiter((xxhash.xxh3_64_intdigest(u.encode("utf-8")) - _SIGN for u in uniques), dtype=np.int64,
-                          count=len(uniques))
-    hashes = table_h[encoded.indices.to_numpy(zero_copy_only=False)] if len(uniques) else np.empty(0, np.int64)
-    docs = line_doc[keep]
+    keep = (lines.nonempty_per_doc[lines.doc] >= MIN_DOC_LINES) & (line_widths(lines.flat) >= min_width)
+    hashes = _hash_lines(lines.flat.filter(pa.array(keep)))
     # once per document: distinct (document, line) pairs, then count documents per (source, line)
-    pairs = pd.DataFrame({"doc": docs, "hash": hashes}).drop_duplicates()  # hash-based, not a sort
+    pairs = pd.DataFrame({"doc": lines.doc[keep], "hash": hashes}).drop_duplicates()  # hash-based, not a sort
     keyed = pd.DataFrame({"src": doc_src[pairs["doc"].to_numpy()], "hash": pairs["hash"].to_numpy()})
     counted = keyed.groupby(["src", "hash"], sort=False).size().reset_index(name="docs")
     keys = np.array([source_key(name) for name in src_names], dtype=np.int64)
@@ -87,42 +109,28 @@ def strip_lines(texts: list[str], sources: list[str], drop: dict[str, set[int]])
     from each document. Lines are split and hashed as Arrow arrays (distinct lines only); Python
     only rejoins the documents that lose a line. A document that would lose every line is left
     whole: all of it recurs elsewhere, which is for dedup to judge, not boilerplate to strip."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    n = len(texts)
-    removed = np.zeros(n, dtype=np.int64)
+    removed = np.zeros(len(texts), dtype=np.int64)
     wanted = [i for i, s in enumerate(sources) if drop.get(s)]
     if not wanted:
         return texts, removed
-    arr = pa.array([texts[i] for i in wanted], pa.string())
-    lists = pc.split_pattern(arr, "\n")
-    offsets = lists.offsets.to_numpy()
-    counts = np.diff(offsets - offsets[0])
-    line_doc = np.repeat(np.arange(len(wanted), dtype=np.int64), counts)
-    flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
-    nonempty = pc.utf8_length(flat).to_numpy(zero_copy_only=False) > 0
-    encoded = pc.dictionary_encode(flat)
-    uniques = encoded.dictionary.to_pylist()
-    table_h = np.fromiter((xxhash.xxh3_64_intdigest(u.encode("utf-8")) - _SIGN for u in uniques), dtype=np.int64,
-                          count=len(uniques))
-    hashes = table_h[encoded.indices.to_numpy(zero_copy_only=False)] if len(uniques) else np.empty(0, np.int64)
+    lines = _split_lines(pa.array([texts[i] for i in wanted], pa.string()))
+    hashes = _hash_lines(lines.flat)
     # one membership test per source present
     doc_source = np.array([sources[i] for i in wanted], dtype=object)
     hit = np.zeros(len(hashes), dtype=bool)
     for source in set(doc_source.tolist()):
-        lines_of = (doc_source == source)[line_doc]
+        lines_of = (doc_source == source)[lines.doc]
         hit[lines_of] = np.isin(hashes[lines_of], np.fromiter(drop[source], dtype=np.int64))
-    hit &= nonempty
-    lines_per_doc = np.bincount(line_doc[nonempty], minlength=len(wanted))
-    hits_per_doc = np.bincount(line_doc[hit], minlength=len(wanted))
+    hit &= lines.nonempty
+    lines_per_doc = lines.nonempty_per_doc
+    hits_per_doc = np.bincount(lines.doc[hit], minlength=len(wanted))
     strip = (hits_per_doc > 0) & (lines_per_doc >= MIN_DOC_LINES) & (hits_per_doc < lines_per_doc)
     out = list(texts)
-    starts = np.concatenate([[0], np.cumsum(counts)])
+    starts = np.concatenate([[0], np.cumsum(lines.per_doc)])
     for j in np.flatnonzero(strip):
         i = wanted[j]
-        lines = texts[i].split("\n")
         bad = hit[starts[j]:starts[j + 1]]
-        out[i] = _BLANK_RUNS.sub("\n\n", "\n".join(line for line, b in zip(lines, bad) if not b)).strip()
+        kept = (line for line, b in zip(texts[i].split("\n"), bad) if not b)
+        out[i] = _BLANK_RUNS.sub("\n\n", "\n".join(kept)).strip()
         removed[i] = int(bad.sum())
     return out, removed
