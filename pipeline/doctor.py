@@ -63,7 +63,8 @@ def check_packages() -> list[Check]:
     checks = [Check("python", OK if sys.version_info[:2] >= (3, 9) else ERROR,
                     f"{sys.version.split()[0]} at {sys.executable}", "use Python 3.9-3.11 (mindspore 2.10 wheels)")]
     wrong = []
-    for name, spec in _requirement_pins():
+    pins = _requirement_pins()
+    for name, spec in pins:
         try:
             have = version(name)
         except PackageNotFoundError:
@@ -72,7 +73,7 @@ def check_packages() -> list[Check]:
         if spec and have not in SpecifierSet(spec):
             wrong.append(f"{name} {have} (wants {spec})")
     checks.append(Check("packages", ERROR if wrong else OK,
-                        "; ".join(wrong) if wrong else f"{len(_requirement_pins())} pinned requirements satisfied",
+                        "; ".join(wrong) if wrong else f"{len(pins)} pinned requirements satisfied",
                         "reinstall: .venv/bin/pip install -e .  (numpy<2 and pyarrow<24: mindspore 2.10 is built on NumPy 1.x)"))
     return checks
 

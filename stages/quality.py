@@ -339,16 +339,6 @@ def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 
     return df
 
 
-SCORE_COLUMNS = None  # filled on first use: the columns score_texts returns
-
-
-def score_columns() -> list[str]:
-    global SCORE_COLUMNS
-    if SCORE_COLUMNS is None:
-        SCORE_COLUMNS = list(score_texts(pa.array(["a b"], pa.string())).columns)
-    return SCORE_COLUMNS
-
-
 def rule_table(fc) -> list[tuple]:
     """(reason, score column, 'min' | 'max', threshold, applies_to 'all' | 'zh' | 'non_zh', guard)
     for every enabled rule of a FilterConfig, in the order they are tried (the first failing one is

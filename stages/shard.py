@@ -90,9 +90,6 @@ class Windows:
     ids: np.ndarray
     n_pad: np.ndarray
 
-    def take(self, index: np.ndarray) -> "Windows":
-        return Windows(self.pos[index], self.ids[index], self.n_pad[index])
-
 
 def count_windows(path: str) -> int:
     """Windows in one packed part (metadata only)."""
