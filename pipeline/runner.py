@@ -325,7 +325,7 @@ class Pipeline:
             return {}, {"enabled": False}
         path = cache / "boilerplate_lines.parquet"
         if not (reuse and path.is_file()):
-            meta = pd.DataFrame({"source": pd.Series(dtype="int64"), "hash": pd.Series(dtype="int64"),
+            meta = pd.DataFrame({"source": pd.Series(dtype="string"), "hash": pd.Series(dtype="int64"),
                                  "docs": pd.Series(dtype="int64")})
             counted = dd.from_map(boilerplate.count_lines_part, parts, min_width=bc.min_width, meta=meta,
                                   enforce_metadata=False)
@@ -337,9 +337,7 @@ class Pipeline:
             source_docs = (-source_docs).reset_index().groupby("source")["docs"].sum()
             frequent = frequent.reset_index()
             need = np.maximum(bc.min_docs, bc.min_doc_share * frequent["source"].map(source_docs).to_numpy(dtype=float))
-            chosen = frequent[(frequent["docs"].to_numpy() >= need) & (frequent["hash"].to_numpy() != 0)].copy()
-            names = {boilerplate.source_key(n): n for n in _source_names(parts)}
-            chosen["source"] = chosen["source"].map(names).astype("string")
+            chosen = frequent[(frequent["docs"].to_numpy() >= need) & (frequent["hash"].to_numpy() != 0)]
             write_table_atomic(pa.Table.from_pandas(chosen.reset_index(drop=True), preserve_index=False), path)
         chosen = pq.read_table(path).to_pandas()
         drop = {str(s): set(g["hash"].tolist()) for s, g in chosen.groupby("source")}
@@ -746,16 +744,6 @@ class Pipeline:
             "tokens": manifest["total_tokens"],
             "bytes": sum(x["bytes"] for x in files),
         }
-
-
-def _source_names(parts: list[str]) -> set[str]:
-    """Every distinct `source` of the given parts (read as a dictionary column: cheap)."""
-    names: set[str] = set()
-    for p in parts:
-        col = pq.read_table(p, columns=["source"]).column("source")
-        names.update(x for x in pa.compute.unique(col).to_pylist() if x is not None)
-        names.add("")
-    return names
 
 
 class _ProgressNote:

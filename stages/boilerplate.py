@@ -42,11 +42,6 @@ def line_width(line: str) -> int:
     return int(line_widths(pa.array([line.strip()], pa.string()))[0])
 
 
-def source_key(source: str) -> int:
-    """The int64 a source travels as through the line-count shuffle (strings shuffle slowly)."""
-    return xxhash.xxh3_64_intdigest(source.encode("utf-8")) - _SIGN
-
-
 @dataclass
 class _Lines:
     """Every line of a batch of documents, trimmed, as one Arrow array."""
@@ -79,7 +74,7 @@ def _hash_lines(lines: pa.Array) -> np.ndarray:
 
 
 def count_lines_part(path: str, min_width: int) -> pd.DataFrame:
-    """(source key, hash, docs) for one partition: in how many documents of each source each line
+    """(source, hash, docs) for one partition: in how many documents of each source each line
     appears; plus, per source, its document count as a row with hash 0 and docs = -count. Vectorised
     with Arrow: lines split, trimmed and measured as arrays; only distinct lines are hashed in Python."""
     table = pq.read_table(path, columns=["text", "source"])
@@ -96,9 +91,10 @@ def count_lines_part(path: str, min_width: int) -> pd.DataFrame:
     pairs = pd.DataFrame({"doc": lines.doc[keep], "hash": hashes}).drop_duplicates()  # hash-based, not a sort
     keyed = pd.DataFrame({"src": doc_src[pairs["doc"].to_numpy()], "hash": pairs["hash"].to_numpy()})
     counted = keyed.groupby(["src", "hash"], sort=False).size().reset_index(name="docs")
-    keys = np.array([source_key(name) for name in src_names], dtype=np.int64)
+    names = np.array(src_names, dtype=object)
     return pd.DataFrame({
-        "source": np.concatenate([keys[counted["src"].to_numpy()], keys[np.flatnonzero(per_source)]]),
+        "source": pd.Series(np.concatenate([names[counted["src"].to_numpy()], names[np.flatnonzero(per_source)]]),
+                            dtype="string"),
         "hash": np.concatenate([counted["hash"].to_numpy(np.int64), np.zeros(int((per_source > 0).sum()), np.int64)]),
         "docs": np.concatenate([counted["docs"].to_numpy(np.int64), -per_source[per_source > 0]]),
     })
