@@ -138,6 +138,26 @@ def _build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--config", help="YAML config to check against")
     doctor.add_argument("--out", help="the run directory the config would write (for the disk check; default .)")
     doctor.add_argument("--skip-mindspore", action="store_true", help="skip mindspore.run_check() (about 5-10 s)")
+    srv = sub.add_parser("serve", help="run the job API: submit, follow, cancel run/dedup/train jobs over HTTP",
+                         description="An authenticated HTTP API (OpenAPI at /openapi.json) that runs run, dedup and "
+                         "train jobs on a shared Dask cluster. The bearer token comes from $CORPUSMILL_TOKEN or "
+                         "--token-file, never from the command line; on a loopback address without one, a token is "
+                         "generated into STATE/token. Jobs may only use paths inside the --data-root folders. Job "
+                         "state lives in STATE/jobs.db: jobs running when the service stops are resumed when it starts.")
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
+                     "address needs a token)")
+    srv.add_argument("--port", type=int, default=8787, help="port (default 8787)")
+    srv.add_argument("--state", default=".corpusmill-service", help="state folder: jobs.db, job logs and configs "
+                     "(default ./.corpusmill-service)")
+    srv.add_argument("--data-root", action="append", default=[], metavar="DIR",
+                     help="a folder jobs may read and write (repeatable; default the current folder); relative job "
+                     "paths are taken from the first")
+    srv.add_argument("--scheduler", metavar="ADDRESS", help="run jobs on this Dask scheduler (tcp://HOST:8786) "
+                     "instead of a LocalCluster the service starts")
+    srv.add_argument("--workers", type=int, help="LocalCluster worker processes (default: the CPU count)")
+    srv.add_argument("--token-file", help="file holding the bearer token (when $CORPUSMILL_TOKEN is unset)")
+    srv.add_argument("--max-concurrent", type=int, default=1, help="jobs running at once (default 1)")
+    srv.add_argument("--max-queued", type=int, default=100, help="jobs waiting at most; more get 429 (default 100)")
     config_sub.add_parser("example", help="print configs/example.yaml (every option, its default and meaning)",
                           description="Print every option at its default with its description.")
     return p
@@ -456,6 +476,13 @@ def _cmd_dedup(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    from .service.serve import serve
+
+    return serve(args.host, args.port, args.state, args.data_root, scheduler=args.scheduler, token_file=args.token_file,
+                 max_concurrent=args.max_concurrent, max_queued=args.max_queued, n_workers=args.workers, log=_log)
+
+
 def _cmd_train(args) -> int:
     from .config import ConfigError, TrainConfig
     from trainer.train import train
@@ -497,7 +524,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     from trainer.data import ShardMismatch
 
     handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train, "config": _cmd_config, "dedup": _cmd_dedup,
-                "shards": _cmd_shards, "tokenizer": _cmd_tokenizer, "doctor": _cmd_doctor}
+                "shards": _cmd_shards, "tokenizer": _cmd_tokenizer, "doctor": _cmd_doctor,
+                "serve": _cmd_serve}
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, PipelineError, LedgerError, ShardMismatch, ConnectionError, TokenizerError,

@@ -18,7 +18,11 @@ CONFIG_VERSION = 2
 
 
 class ConfigError(ValueError):
-    """A config problem, with the file and key it concerns."""
+    """A config problem, with the file and key it concerns (`keys`: the dotted keys at fault, when known)."""
+
+    def __init__(self, message: str, keys: Optional[list[str]] = None):
+        super().__init__(message)
+        self.keys = list(keys or [])
 
 
 class _Section(BaseModel):
@@ -451,7 +455,8 @@ def parse_config(data: Union[dict, None], source: str = "<dict>") -> Config:
     try:
         cfg = Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_validation_error(err, source)) from None
+        keys = [".".join(str(p) for p in e["loc"]) for e in err.errors()]
+        raise ConfigError(_format_validation_error(err, source), keys) from None
     cfg.migration_notes = notes
     return cfg
 

@@ -5,6 +5,7 @@ and shows progress; the stage functions themselves never see Dask.
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import sys
@@ -16,6 +17,10 @@ import dask
 from distributed import Client, LocalCluster, as_completed
 
 Log = Callable[[str], None]
+
+# Who else wants task progress (label, done, total): the runner's progress.json, which the service reads.
+progress_listener: contextvars.ContextVar[Optional[Callable[[str, int, int], None]]] = contextvars.ContextVar(
+    "progress_listener", default=None)
 
 
 @contextmanager
@@ -68,6 +73,9 @@ class Progress:
 
     def update(self, n: int = 1) -> None:
         self.done += n
+        listener = progress_listener.get()
+        if listener is not None:
+            listener(self.label, self.done, self.total)
         elapsed = time.perf_counter() - self.start
         line = f"  {self.label}: {self.done}/{self.total} tasks, {elapsed:.1f}s"
         if self.tty:
@@ -87,6 +95,9 @@ def run_tasks(client: Client, tasks: list, label: str) -> list:
         return []
     futures = client.compute(tasks)
     progress = Progress(label, len(futures))
+    listener = progress_listener.get()
+    if listener is not None:
+        listener(label, 0, len(futures))
     index = {f.key: i for i, f in enumerate(futures)}
     results: list = [None] * len(futures)
     try:

@@ -34,9 +34,10 @@ from stages.base import merge_stats, write_table_atomic
 
 from . import __version__
 from .config import Config
-from .engine import dask_client, run_tasks
+from .engine import dask_client, progress_listener, run_tasks
 from .executor import export_kept_part, export_removed_part, run_batch_part, sample_part
 from .ledger import build_ledger, project_full_run
+from .progress import RunProgress
 from .report import write_report
 
 Log = Callable[[str], None]
@@ -95,6 +96,7 @@ class Pipeline:
         self.skipped: list[str] = []
         self.extra: dict[str, Any] = {}
         self.doc_stages: list[str] = []
+        self.progress: Optional[RunProgress] = None
 
     # ---- run directory ------------------------------------------------------------------
     def stage_dir(self, name: str) -> Path:
@@ -115,11 +117,13 @@ class Pipeline:
                 self.extra[name] = marker.get("extra", {})
                 self.seconds[name] = marker.get("seconds", 0.0)
                 self.skipped.append(name)
+                self._progress("stage_finished", name, self.seconds[name], skipped=True)
                 self.log(f"[{name}] done in an earlier run (config unchanged): {summary(marker['stats'])}; skipped")
                 return marker["stats"]
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
+        self._progress("stage_started", name)
         start = time.perf_counter()
         stats = body(folder)
         seconds = time.perf_counter() - start
@@ -133,8 +137,25 @@ class Pipeline:
             "finished_utc": _utc_now(),
         }
         _write_json_atomic(marker_path, marker)
+        self._progress("stage_finished", name, seconds)
         self.log(f"[{name}] {summary(stats)} in {seconds:.1f}s")
         return stats
+
+    def _progress(self, event: str, *args, **kwargs) -> None:
+        if self.progress is not None:
+            getattr(self.progress, event)(*args, **kwargs)
+
+    def planned_stages(self) -> list[str]:
+        """The stages this run will go through, in order (progress.json lists them up front)."""
+        cfg = self.cfg
+        names = ["read"] + (["normalize", "filter"] if self.job == "run" else [])
+        if cfg.dedup.exact:
+            names.append("exact_dedup")
+        if cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled:
+            names.append("near_dedup")
+        if self.job == "dedup":
+            return names + ["export"]
+        return names + ["tokenize", "pack", "shard"] + (["train"] if cfg.train.enabled else [])
 
     def _map(self, in_name: str, folder: Path, fn: Callable, kwargs: dict, reader: str = "pandas",
              split_mb: Optional[float] = None, suffix: str = ".parquet", columns: Optional[list[str]] = None
@@ -165,8 +186,21 @@ class Pipeline:
 
     # ---- the flow -----------------------------------------------------------------------
     def run(self) -> RunResult:
-        cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
+        self.progress = RunProgress(self.out, self.job, self.planned_stages())
+        token = progress_listener.set(self.progress.tasks)
+        try:
+            result = self._run()
+        except BaseException as e:
+            self.progress.finished(error=f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+            raise
+        finally:
+            progress_listener.reset(token)
+        self.progress.finished()
+        return result
+
+    def _run(self) -> RunResult:
+        cfg = self.cfg
         (self.out / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
         started = time.perf_counter()
         self._preflight()
@@ -182,7 +216,10 @@ class Pipeline:
                 # a dedup job keeps the original text: the dedup stages normalise only for hashing
                 last, h = self._dedup_stages("read", h, normalize_opts=cfg.normalize.model_dump())
                 build_ledger(self.stats, self.doc_stages)
+                self._progress("stage_started", "export")
+                t0 = time.perf_counter()
                 self._export_dedup(last)
+                self._progress("stage_finished", "export", time.perf_counter() - t0)
             else:
                 self.doc_stages += ["normalize", "filter"]
                 h = cfg.section_hash("normalize", extra=h)
@@ -215,7 +252,10 @@ class Pipeline:
             from trainer.train import train
 
             self.log("[train] starting")
+            self._progress("stage_started", "train")
+            t0 = time.perf_counter()
             train_summary = train(str(self.stage_dir("shard")), str(self.out / "train"), cfg.train, log=self.log)
+            self._progress("stage_finished", "train", time.perf_counter() - t0)
             ledger["run"]["wall_s"] = time.perf_counter() - started
         _write_json_atomic(self.out / "ledger.json", ledger)
         write_report(self.out, ledger, self.stats, self.extra, self.seconds, train_summary)

@@ -1,0 +1,6 @@
+"""`corpusmill serve`: an authenticated job API over a Dask cluster.
+
+app.py (HTTP), guard.py (data roots), store.py (SQLite job table), supervisor.py (job processes),
+status.py (job status and metrics from run directories), jobproc.py (the job process), serve.py
+(start-up: token, cluster, server).
+"""

@@ -1,0 +1,308 @@
+"""The HTTP API: submit, follow, fetch and cancel jobs; a job is exactly a `corpusmill run|dedup|train`.
+
+Requests are checked before anything is queued — the config by the same models as a YAML file
+(422 naming the key), every path against the data roots (403), the queue bound (429) — so a job
+that is accepted can only fail for reasons found while running it.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from fastapi import Depends, FastAPI, HTTPException, Path as PathParam, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+
+from .. import __version__
+from ..config import ConfigError, parse_config
+from .guard import DataRoots, InputError, PathRefused
+from .status import LOG_NAME, job_counters, job_view, prometheus_text
+from .store import ACTIVE, STATES, JobStore
+from .supervisor import Supervisor
+
+MAX_BODY_BYTES = 1 << 20
+JOB_ID = r"^[0-9a-f]{16}$"
+
+
+@dataclass
+class ServiceContext:
+    store: JobStore
+    roots: DataRoots
+    supervisor: Supervisor
+    token: str
+    scheduler: str
+    dashboard: Optional[str]
+    max_queued: int
+
+
+# ---- API models ------------------------------------------------------------------------
+class JobRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["run", "dedup", "train"] = Field(description="run: the whole pipeline (shards; training when "
+                                                   "train.enabled); dedup: a batch dedup job; train: pretrain on shards.")
+    config: dict[str, Any] = Field(default_factory=dict, description="The same fields as the YAML config "
+                                   "(`corpusmill config example`); relative paths are taken from the first data root.")
+    out: Optional[str] = Field(None, description="Run directory (train: its output folder), inside a data root; "
+                               "default DATA_ROOT/jobs/ID.")
+    shards: Optional[str] = Field(None, description="train jobs: the shards/ folder (with manifest.json) to train on.")
+    resume: bool = Field(False, description="Reuse finished stages (train: the newest checkpoint) already in `out`.")
+    format: Literal["parquet", "jsonl"] = Field("parquet", description="dedup jobs: the format of OUT/kept/.")
+
+
+class ErrorBody(BaseModel):
+    detail: str
+    keys: list[str] = Field(default_factory=list, description="The request keys at fault, when known.")
+
+
+class JobCreated(BaseModel):
+    id: str
+    state: str
+    out: str
+    notes: list[str] = Field(default_factory=list, description="Config keys migrated from an older config_version.")
+
+
+class StageStatus(BaseModel):
+    name: str
+    state: str
+    seconds: Optional[float] = None
+    counts: Optional[dict[str, Any]] = None
+    step: Optional[dict[str, Any]] = Field(None, description="The running step's label and task count.")
+
+
+class JobStatus(BaseModel):
+    id: str
+    kind: str
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    created_utc: str
+    started_utc: Optional[str] = None
+    finished_utc: Optional[str] = None
+    attempts: int
+    restarts: int = Field(description="Times the job was resumed after the service stopped while it ran.")
+    cancel_requested: bool
+    exit_code: Optional[int] = None
+    error: Optional[str] = None
+    out: str
+    dashboard: Optional[str] = Field(None, description="The Dask dashboard of the cluster the job runs on.")
+    stage: Optional[str] = Field(None, description="The stage running now.")
+    stages: list[StageStatus]
+    ledger: Optional[dict[str, Any]] = Field(None, description="ledger.json when done; the finished stages' counts before.")
+    train: Optional[dict[str, Any]] = None
+
+
+class JobList(BaseModel):
+    jobs: list[JobStatus]
+
+
+class Health(BaseModel):
+    status: str
+    version: str
+
+
+def _error(status: int, detail: str, keys: Optional[list[str]] = None) -> HTTPException:
+    return HTTPException(status_code=status, detail={"detail": detail, "keys": keys or []})
+
+
+ERRORS = {401: {"model": ErrorBody, "description": "Missing or wrong bearer token."},
+          422: {"model": ErrorBody, "description": "Invalid request; `keys` names what is wrong."}}
+
+
+# ---- the request checks ---------------------------------------------------------------
+def prepare_job(req: JobRequest, roots: DataRoots, job_id: str) -> tuple[dict, list[str]]:
+    """Validate a request into what the job will run: the config resolved, every path checked."""
+    try:
+        cfg = parse_config(req.config, "request body: config")
+    except ConfigError as e:
+        raise _error(422, str(e), [f"config.{k}" for k in e.keys] or ["config"]) from None
+    if cfg.cluster.address:
+        raise _error(422, "config.cluster.address: jobs run on the service's Dask cluster; leave it unset",
+                     ["config.cluster.address"])
+    config = cfg.model_dump(mode="json")
+    try:
+        if req.kind in ("run", "dedup"):
+            config["input"]["paths"] = roots.resolve_inputs("config.input.paths", cfg.input.paths)
+        else:
+            config["input"]["paths"] = [roots.resolve("config.input.paths", p) for p in cfg.input.paths]
+        if cfg.tokenizer.model:
+            config["tokenizer"]["model"] = model = roots.resolve("config.tokenizer.model", cfg.tokenizer.model)
+            if req.kind == "run" and not os.path.isfile(model):
+                raise _error(422, f"config.tokenizer.model: {cfg.tokenizer.model} is not a file", ["config.tokenizer.model"])
+        shards = None
+        if req.kind == "train":
+            if not req.shards:
+                raise _error(422, "train jobs need `shards`: the shards/ folder of a finished run", ["shards"])
+            shards = roots.resolve("shards", req.shards)
+            if not os.path.isfile(os.path.join(shards, "manifest.json")):
+                raise _error(422, f"shards: {req.shards} holds no manifest.json", ["shards"])
+        elif req.shards:
+            raise _error(422, "`shards` is for train jobs only", ["shards"])
+        out = roots.out_dir("out", req.out, os.path.join(roots.roots[0], "jobs", job_id))
+    except PathRefused as e:
+        raise _error(403, str(e), [e.key]) from None
+    except InputError as e:
+        raise _error(422, f"config.input.paths: {e}", ["config.input.paths"]) from None
+    if shards and (out == shards or out.startswith(shards + os.sep)):
+        raise _error(409, "out: the training output must not be inside the shards folder", ["out"])
+    if os.path.isdir(out) and any(os.scandir(out)) and not req.resume:
+        raise _error(409, f"out: {out} already holds files; set resume: true to continue it, or choose another out", ["out"])
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise _error(409, f"out: {out} is a file", ["out"])
+    request = {"kind": req.kind, "config": config, "out": out, "shards": shards, "resume": req.resume,
+               "format": req.format}
+    return request, list(cfg.migration_notes)
+
+
+# ---- the app ---------------------------------------------------------------------------
+def create_app(ctx: ServiceContext) -> FastAPI:
+    bearer = HTTPBearer(auto_error=False, description="The service token (CORPUSMILL_TOKEN or --token-file).")
+    expected = ctx.token.encode()
+
+    def authorized(creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
+        given = (creds.credentials if creds and creds.scheme.lower() == "bearer" else "").encode()
+        if not hmac.compare_digest(given, expected):  # constant time, whatever is wrong with it
+            raise HTTPException(status_code=401, detail={"detail": "missing or wrong bearer token", "keys": []},
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        ctx.supervisor.recover()
+        task = asyncio.create_task(ctx.supervisor.run_forever())
+        try:
+            yield
+        finally:
+            ctx.supervisor.shutdown()
+            task.cancel()
+
+    app = FastAPI(title="corpusmill", version=__version__, lifespan=lifespan,
+                  description="Submit dedup, shard and pretraining jobs, follow them, fetch their reports.")
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException):
+        body = exc.detail if isinstance(exc.detail, dict) else {"detail": str(exc.detail), "keys": []}
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        keys = [".".join(str(p) for p in e["loc"] if p != "body") for e in errors]
+        detail = "; ".join(f"{k or 'body'}: {e['msg']}" for k, e in zip(keys, errors))
+        return JSONResponse({"detail": detail, "keys": keys}, status_code=422)
+
+    @app.middleware("http")
+    async def _limit_body(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return JSONResponse({"detail": f"request body over {MAX_BODY_BYTES} bytes", "keys": []}, status_code=413)
+        return await call_next(request)
+
+    def _row(job_id: str) -> dict:
+        row = ctx.store.get(job_id)
+        if row is None:
+            raise _error(404, f"no job {job_id}")
+        return row
+
+    @app.get("/v1/health", response_model=Health, tags=["service"])
+    def health() -> dict:
+        """Liveness (no token needed)."""
+        return {"status": "ok", "version": __version__}
+
+    @app.post("/v1/jobs", status_code=201, response_model=JobCreated, tags=["jobs"], dependencies=[Depends(authorized)],
+              responses={**ERRORS, 403: {"model": ErrorBody, "description": "A path outside the data roots."},
+                         409: {"model": ErrorBody, "description": "`out` is in use or already holds files."},
+                         413: {"model": ErrorBody, "description": "Request body too large."},
+                         429: {"model": ErrorBody, "description": "The queue is full."}})
+    def submit(req: JobRequest) -> dict:
+        """Queue a job. The config is validated and every path checked before it is accepted."""
+        import uuid
+
+        job_id = uuid.uuid4().hex[:16]
+        request, notes = prepare_job(req, ctx.roots, job_id)
+        other = ctx.store.active_out(request["out"])
+        if other:
+            raise _error(409, f"out: job {other} is already writing to {request['out']}", ["out"])
+        if not ctx.store.add(req.kind, request, request["out"], ctx.max_queued, job_id=job_id):
+            raise _error(429, f"the queue is full ({ctx.max_queued} jobs waiting); retry later")
+        return {"id": job_id, "state": "queued", "out": request["out"], "notes": notes}
+
+    @app.get("/v1/jobs", response_model=JobList, tags=["jobs"], dependencies=[Depends(authorized)], responses=ERRORS)
+    def list_jobs(state: Optional[Literal["queued", "running", "succeeded", "failed", "cancelled"]] = None,
+                  limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)) -> dict:
+        """Jobs in submission order, optionally of one state."""
+        return {"jobs": [job_view(r, ctx.dashboard) for r in ctx.store.list(state, limit, offset)]}
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobStatus, tags=["jobs"], dependencies=[Depends(authorized)],
+             responses={**ERRORS, 404: {"model": ErrorBody}})
+    def get_job(job_id: str = PathParam(pattern=JOB_ID)) -> dict:
+        """State, current stage, per-stage progress and timings, the ledger so far, the error when failed."""
+        return job_view(_row(job_id), ctx.dashboard)
+
+    @app.get("/v1/jobs/{job_id}/report", response_class=HTMLResponse, tags=["jobs"], dependencies=[Depends(authorized)],
+             responses={**ERRORS, 404: {"model": ErrorBody, "description": "No such job, or no report yet."}})
+    def get_report(job_id: str = PathParam(pattern=JOB_ID)) -> HTMLResponse:
+        """The run's report.html (written when a run or dedup job finishes)."""
+        row = _row(job_id)
+        path = Path(row["out"]) / "report.html"
+        if row["kind"] == "train" or not path.is_file():
+            why = "train jobs write no HTML report (see /ledger)" if row["kind"] == "train" else f"no report yet (job {row['state']})"
+            raise _error(404, why)
+        return HTMLResponse(path.read_text(encoding="utf-8"))
+
+    @app.get("/v1/jobs/{job_id}/ledger", tags=["jobs"], dependencies=[Depends(authorized)],
+             responses={**ERRORS, 404: {"model": ErrorBody}})
+    def get_ledger(job_id: str = PathParam(pattern=JOB_ID)) -> dict:
+        """ledger.json (partial while running: the finished stages' counts); train jobs: summary.json."""
+        row = _row(job_id)
+        view = job_view(row, ctx.dashboard)
+        if row["kind"] == "train":
+            if not view["train"]:
+                raise _error(404, f"no training progress yet (job {row['state']})")
+            return view["train"]
+        if not view["ledger"]:
+            raise _error(404, f"no ledger yet (job {row['state']})")
+        return view["ledger"]
+
+    @app.get("/v1/jobs/{job_id}/log", response_class=PlainTextResponse, tags=["jobs"],
+             dependencies=[Depends(authorized)], responses={**ERRORS, 404: {"model": ErrorBody}})
+    def get_log(job_id: str = PathParam(pattern=JOB_ID), tail: int = Query(200, ge=1, le=100000)) -> PlainTextResponse:
+        """The last `tail` lines the job printed."""
+        _row(job_id)
+        path = ctx.supervisor.job_dir(job_id) / LOG_NAME
+        text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+        return PlainTextResponse("\n".join(text.splitlines()[-tail:]) + "\n")
+
+    @app.post("/v1/jobs/{job_id}/cancel", status_code=202, response_model=JobStatus, tags=["jobs"],
+              dependencies=[Depends(authorized)],
+              responses={**ERRORS, 404: {"model": ErrorBody}, 409: {"model": ErrorBody, "description": "Already finished."}})
+    def cancel(job_id: str = PathParam(pattern=JOB_ID)) -> dict:
+        """Cancel a queued job at once, or a running one (SIGINT, then SIGKILL after a grace period)."""
+        from ..progress import utc_now
+
+        row = _row(job_id)
+        if row["state"] == "queued" and ctx.store.update(job_id, expect=("queued",), state="cancelled",
+                                                         cancel_requested=1, finished_utc=utc_now()):
+            return job_view(_row(job_id), ctx.dashboard)
+        if ctx.store.update(job_id, expect=("running",), cancel_requested=1):
+            return job_view(_row(job_id), ctx.dashboard)
+        row = _row(job_id)
+        if row["state"] in ACTIVE:  # it moved from queued to running in between: cancel the running job
+            ctx.store.update(job_id, expect=ACTIVE, cancel_requested=1)
+            return job_view(_row(job_id), ctx.dashboard)
+        raise _error(409, f"job {job_id} already {row['state']}")
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["service"], dependencies=[Depends(authorized)],
+             responses=ERRORS)
+    def metrics() -> PlainTextResponse:
+        """Prometheus text: jobs by state, documents and tokens processed, stage seconds."""
+        rows = ctx.store.list(None, limit=1_000_000)
+        live = {r["id"]: job_counters(r) for r in rows if r["state"] in ACTIVE or r["summary"] is None}
+        return PlainTextResponse(prometheus_text(ctx.store.counts(), rows, live),
+                                 media_type="text/plain; version=0.0.4")
+
+    assert set(STATES) == {"queued", "running", "succeeded", "failed", "cancelled"}
+    return app

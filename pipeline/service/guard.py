@@ -1,0 +1,102 @@
+"""Data roots: the only folders a service job may read or write.
+
+Every path a job names (the config's path fields, the run directory, a train job's shards) is
+resolved with `os.path.realpath` — which follows symlinks and folds `..` — and must land inside one
+of the roots. Inputs are checked twice: the pattern as written, then every file it expands to, so a
+symlink or glob inside a root that points outside it is refused as well. The service's own state
+folder (the job database, the token file) is never readable or writable by a job, even when it lies
+inside a root.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Optional
+
+from stages.read import InputError, expand_inputs
+
+# Every config field that names a file or folder, with how the job uses it. A test walks the config
+# models and fails when a string field is in neither this table nor NOT_PATHS, so a new path option
+# cannot slip past the guard.
+PATH_FIELDS: dict[tuple[str, ...], str] = {
+    ("input", "paths"): "inputs",
+    ("tokenizer", "model"): "file",
+}
+NOT_PATHS: set[tuple[str, ...]] = {
+    ("input", "text_field"), ("input", "id_field"), ("input", "source_field"),
+    ("dedup", "keep"), ("dedup", "keep_field"), ("dedup", "keep_order"),
+    ("tokenizer", "train", "model_type"), ("tokenizer", "train", "user_symbols"),
+    ("filter", "scripts", "keep"),
+    ("pack", "mode"), ("pack", "remainder"),
+    ("shard", "layout"), ("shard", "remainder"), ("shard", "verify"),
+    ("cluster", "address"), ("cluster", "memory_limit"),
+    ("train", "num_parallel_workers"),
+}
+
+
+class PathRefused(PermissionError):
+    """A job named a path outside the data roots (HTTP 403)."""
+
+    def __init__(self, key: str, path: str, reason: str):
+        super().__init__(f"{key}: {path!r} {reason}")
+        self.key, self.path, self.reason = key, path, reason
+
+
+class DataRoots:
+    """The folders jobs may use; `forbidden` folders inside them (the service state) stay off limits."""
+
+    def __init__(self, roots: Iterable[str], forbidden: Iterable[str] = ()):
+        self.roots = [os.path.realpath(r) for r in roots]
+        if not self.roots:
+            raise ValueError("at least one data root is needed (--data-root DIR)")
+        for r in self.roots:
+            if not os.path.isdir(r):
+                raise ValueError(f"data root {r} is not a folder")
+        self.forbidden = [os.path.realpath(f) for f in forbidden]
+
+    @staticmethod
+    def _within(path: str, folder: str) -> bool:
+        return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+    def resolve(self, key: str, raw: str, *, allow_root: bool = True) -> str:
+        """The real absolute path of `raw` (relative paths are taken from the first root), or PathRefused."""
+        if not isinstance(raw, str) or not raw.strip():
+            raise PathRefused(key, str(raw), "is empty")
+        if "\x00" in raw:
+            raise PathRefused(key, raw.replace("\x00", "\\0"), "contains a NUL byte")
+        path = raw if os.path.isabs(raw) else os.path.join(self.roots[0], raw)
+        real = os.path.realpath(path)
+        return self.check(key, raw, real, allow_root=allow_root)
+
+    def check(self, key: str, raw: str, real: str, *, allow_root: bool = True) -> str:
+        if any(self._within(real, f) for f in self.forbidden):
+            raise PathRefused(key, raw, "is inside the service's state folder")
+        inside = [r for r in self.roots if self._within(real, r)]
+        if not inside:
+            raise PathRefused(key, raw, f"resolves to {real}, outside the data roots ({', '.join(self.roots)})")
+        if not allow_root and real in self.roots:
+            raise PathRefused(key, raw, "is a data root itself; name a folder inside it")
+        return real
+
+    def resolve_inputs(self, key: str, patterns: list[str]) -> list[str]:
+        """Resolve input patterns and check every file they expand to. InputError when nothing matches."""
+        resolved = []
+        for raw in patterns:
+            if any(ch in raw for ch in "*?["):
+                # the folder part before the first wildcard must be inside; the matches are checked below
+                head = raw.split("*")[0].split("?")[0].split("[")[0]
+                folder = os.path.dirname(head) or "."
+                real_folder = self.resolve(key, folder)
+                resolved.append(os.path.join(real_folder, raw[len(folder):].lstrip(os.sep)) if folder != "." else
+                                os.path.join(real_folder, raw))
+            else:
+                resolved.append(self.resolve(key, raw))
+        for f in expand_inputs(resolved):
+            self.check(key, f, os.path.realpath(f))
+        return resolved
+
+    def out_dir(self, key: str, raw: Optional[str], default: str) -> str:
+        return self.resolve(key, raw or default, allow_root=False)
+
+
+__all__ = ["DataRoots", "InputError", "NOT_PATHS", "PATH_FIELDS", "PathRefused"]

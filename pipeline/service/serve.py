@@ -1,0 +1,129 @@
+"""Start-up of `corpusmill serve`: the token, the state folder, the shared Dask cluster, the server."""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import secrets
+import socket
+import stat
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..config import ConfigError
+
+TOKEN_ENV = "CORPUSMILL_TOKEN"
+MIN_TOKEN_CHARS = 16
+
+
+class ServiceError(ConfigError):
+    """The service cannot start as asked; the message says why and what to do."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(ipaddress.ip_address(a[4][0]).is_loopback for a in socket.getaddrinfo(host, None))
+        except (OSError, ValueError):
+            return False
+
+
+def load_token(token_file: Optional[str], host: str, state_dir: Path, log: Callable[[str], None]) -> str:
+    """The bearer token: CORPUSMILL_TOKEN, else --token-file; on loopback with neither, one generated
+    into STATE/token (mode 0600). Never from a command-line argument (it would show in `ps`)."""
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    source = f"${TOKEN_ENV}"
+    if not token and token_file:
+        try:
+            path = Path(token_file)
+            token = path.read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise ServiceError(f"--token-file {token_file}: cannot read it: {e.strerror}") from None
+        if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            log(f"service: warning: {token_file} is readable by others; chmod 600 it")
+        source = token_file
+    if token:
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ServiceError(f"the token from {source} has {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
+                               "(e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
+        return token
+    if not is_loopback(host):
+        raise ServiceError(f"refusing to listen on {host} (not a loopback address) without a token: set {TOKEN_ENV} "
+                           "or pass --token-file FILE")
+    path = state_dir / "token"
+    if path.is_file():
+        token = path.read_text(encoding="utf-8").strip()
+    if len(token) < MIN_TOKEN_CHARS:
+        token = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    log(f"service: no token given; using the one in {path} (send it as 'Authorization: Bearer <token>')")
+    return token
+
+
+def _start_cluster(scheduler: Optional[str], n_workers: Optional[int], log: Callable[[str], None]):
+    """(scheduler address, dashboard link, closer): the given scheduler, or a LocalCluster shared by all jobs."""
+    import importlib.util
+
+    from distributed import Client, LocalCluster
+
+    if scheduler:
+        try:
+            client = Client(scheduler, timeout="10s")
+        except OSError as e:
+            raise ServiceError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
+        dashboard = client.dashboard_link if client.scheduler_info().get("services", {}).get("dashboard") else None
+        log(f"service: Dask scheduler {scheduler} ({len(client.scheduler_info()['workers'])} workers); "
+            f"dashboard {dashboard or 'not running'}")
+        client.close()
+        return scheduler, dashboard, lambda: None
+    with_dashboard = importlib.util.find_spec("bokeh") is not None
+    cluster = LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                           dashboard_address=":0" if with_dashboard else None, silence_logs=logging.ERROR)
+    dashboard = cluster.dashboard_link if with_dashboard else None
+    log(f"service: LocalCluster {cluster.scheduler_address} with {len(cluster.workers)} worker processes; "
+        f"dashboard {dashboard or 'not available (install bokeh)'}")
+    return cluster.scheduler_address, dashboard, cluster.close
+
+
+def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, scheduler: Optional[str] = None,
+          token_file: Optional[str] = None, max_concurrent: int = 1, max_queued: int = 100,
+          n_workers: Optional[int] = None, log: Callable[[str], None] = print) -> int:
+    """Run the service until SIGINT/SIGTERM; running jobs are stopped and resumed at the next start."""
+    import uvicorn
+
+    from .app import ServiceContext, create_app
+    from .guard import DataRoots
+    from .store import JobStore
+    from .supervisor import Supervisor
+
+    state = Path(state_dir).resolve()
+    state.mkdir(parents=True, exist_ok=True)
+    token = load_token(token_file, host, state, log)
+    forbidden = [str(state)] + ([str(Path(token_file).resolve())] if token_file else [])
+    try:
+        roots = DataRoots(data_roots or [os.getcwd()], forbidden=forbidden)
+    except ValueError as e:
+        raise ServiceError(str(e)) from None
+    if max_concurrent < 1 or max_queued < 1:
+        raise ServiceError("--max-concurrent and --max-queued must be at least 1")
+    store = JobStore(state)
+    address, dashboard, close_cluster = _start_cluster(scheduler, n_workers, log)
+    try:
+        supervisor = Supervisor(store, state, address, max_concurrent, log=log)
+        ctx = ServiceContext(store=store, roots=roots, supervisor=supervisor, token=token, scheduler=address,
+                             dashboard=dashboard, max_queued=max_queued)
+        log(f"service: http://{host}:{port} (OpenAPI at /openapi.json); state {state}; data roots "
+            f"{', '.join(roots.roots)}; {max_concurrent} job(s) at a time, {max_queued} queued at most")
+        sys.stdout.flush()
+        uvicorn.run(create_app(ctx), host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        close_cluster()
+        store.close()
+    return 0

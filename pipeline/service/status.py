@@ -1,0 +1,168 @@
+"""What a job looks like from outside: built from its row and its run directory, never from a log.
+
+The run directory already says everything: `progress.json` (planned stages, the one running now and
+its task count), each stage's `_DONE.json` (counts and seconds), `ledger.json` when the run is done,
+and for training `metrics.jsonl` / `summary.json`. The service adds nothing of its own but the state.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from ..progress import read_progress
+from ..runner import STAGE_DIRS
+
+LOG_NAME = "job.log"
+
+
+def _read_json(path: Path) -> Optional[Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _markers(out: Path) -> dict[str, dict]:
+    found = {}
+    for name, folder in STAGE_DIRS.items():
+        marker = _read_json(out / folder / "_DONE.json")
+        if marker:
+            found[name] = marker
+    return found
+
+
+def _last_line(path: Path, max_bytes: int = 65536) -> Optional[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    except OSError:
+        return None
+    return lines[-1].decode("utf-8", "replace") if lines else None
+
+
+def train_dir(row: dict) -> Path:
+    return Path(row["out"]) / "train" if row["kind"] == "run" else Path(row["out"])
+
+
+def train_progress(folder: Path, planned_steps: Optional[int]) -> Optional[dict]:
+    summary = _read_json(folder / "summary.json")
+    if summary:
+        keys = ("steps", "first_loss", "last_loss", "tokens", "tokens_per_s", "data_wait_share", "num_parallel_workers")
+        return {"done": True, "planned_steps": planned_steps, **{k: summary.get(k) for k in keys}}
+    last = _last_line(folder / "metrics.jsonl")
+    if last is None:
+        return None
+    try:
+        record = json.loads(last)
+    except ValueError:
+        return None
+    return {"done": False, "planned_steps": planned_steps, "step": record.get("step"), "loss": record.get("loss"),
+            "lr": record.get("lr"), "tokens_per_s": record.get("tokens_per_s")}
+
+
+def job_view(row: dict, dashboard: Optional[str]) -> dict[str, Any]:
+    """The job's status document (GET /v1/jobs/{id})."""
+    out = Path(row["out"])
+    request = row["request"]
+    view: dict[str, Any] = {k: row[k] for k in ("id", "kind", "state", "created_utc", "started_utc", "finished_utc",
+                                                  "attempts", "restarts", "cancel_requested", "exit_code", "error")}
+    view.update(out=str(out), dashboard=dashboard, stage=None, stages=[], ledger=None, train=None)
+    planned_steps = (request.get("config") or {}).get("train", {}).get("steps")
+    if row["kind"] in ("run", "dedup"):
+        progress = read_progress(out) or {}
+        markers = _markers(out)
+        names = list(progress.get("stages") or markers)
+        step = progress.get("step")
+        for name in names:
+            p = (progress.get("stages") or {}).get(name, {})
+            state = p.get("state", "done" if name in markers else "pending")
+            if state == "running" and row["state"] != "running":
+                state = "interrupted"  # the process died (or the service did) while it ran
+            entry: dict[str, Any] = {"name": name, "state": state, "seconds": p.get("seconds")}
+            if name in markers:
+                stats = markers[name]["stats"]
+                entry["seconds"] = markers[name].get("seconds", entry["seconds"])
+                entry["counts"] = {k: stats[k] for k in ("docs_in", "docs_out", "removed", "quarantined", "tokens",
+                                                         "windows", "samples") if k in stats}
+            if state == "running":
+                view["stage"] = name
+                if step:
+                    entry["step"] = step
+            view["stages"].append(entry)
+        ledger = _read_json(out / "ledger.json")
+        if ledger and progress.get("state") == "succeeded":
+            view["ledger"] = ledger
+        elif markers:
+            view["ledger"] = {"partial": True, "stages": {n: {"in": m["stats"].get("docs_in"), "out": m["stats"].get("docs_out"),
+                                                               "removed": m["stats"].get("removed", {})}
+                                                           for n, m in markers.items() if "docs_in" in m["stats"]}}
+    if row["kind"] == "train" or (request.get("config") or {}).get("train", {}).get("enabled"):
+        view["train"] = train_progress(train_dir(row), planned_steps)
+        if row["kind"] == "train" and row["state"] == "running":
+            view["stage"] = "train"
+    return view
+
+
+def job_counters(row: dict) -> dict[str, Any]:
+    """Documents, tokens and stage seconds a job has processed so far (for /metrics)."""
+    out = Path(row["out"])
+    counters: dict[str, Any] = {"documents": 0, "documents_kept": 0, "tokens": 0, "train_tokens": 0, "stage_seconds": {}}
+    markers = _markers(out) if row["kind"] in ("run", "dedup") else {}
+    if "read" in markers:
+        counters["documents"] = int(markers["read"]["stats"].get("docs_in", 0))
+    if "tokenize" in markers:
+        counters["tokens"] = int(markers["tokenize"]["stats"].get("tokens", 0))
+    for name, m in markers.items():
+        counters["stage_seconds"][name] = float(m.get("seconds", 0.0))
+    ledger = _read_json(out / "ledger.json")
+    if ledger:
+        counters["documents_kept"] = int(ledger.get("kept", 0))
+    summary = _read_json(train_dir(row) / "summary.json")
+    if summary:
+        counters["train_tokens"] = int(summary.get("tokens", 0))
+        counters["stage_seconds"]["train"] = float(summary.get("wall_s", 0.0))
+    return counters
+
+
+def error_from_log(log_path: Path, max_lines: int = 20) -> str:
+    """The CLI's `corpusmill: error:` message, else the log's last lines (a traceback)."""
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "the job process exited with an error (no log)"
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("corpusmill: error:"):
+            block = [lines[i]] + [ln for ln in lines[i + 1:] if ln.startswith(" ")]
+            return "\n".join(block)[:4000]
+    return "\n".join(lines[-max_lines:])[-4000:] or "the job process exited with an error"
+
+
+def prometheus_text(counts: dict[str, int], rows: list[dict], live: dict[str, dict]) -> str:
+    """Prometheus exposition text: jobs by state, documents and tokens processed, stage seconds."""
+    totals = {"documents": 0, "documents_kept": 0, "tokens": 0, "train_tokens": 0}
+    seconds: dict[str, float] = {}
+    for row in rows:
+        c = live.get(row["id"]) or row.get("summary") or {}
+        for k in totals:
+            totals[k] += int(c.get(k, 0))
+        for stage, s in (c.get("stage_seconds") or {}).items():
+            seconds[stage] = seconds.get(stage, 0.0) + float(s)
+    lines = ["# HELP corpusmill_jobs Jobs by state.", "# TYPE corpusmill_jobs gauge"]
+    lines += [f'corpusmill_jobs{{state="{s}"}} {n}' for s, n in counts.items()]
+    for name, key, help_ in (
+        ("corpusmill_documents_processed_total", "documents", "Input documents read by jobs."),
+        ("corpusmill_documents_kept_total", "documents_kept", "Documents kept by finished jobs."),
+        ("corpusmill_tokens_processed_total", "tokens", "Tokens written by the tokenize stage of jobs."),
+        ("corpusmill_train_tokens_total", "train_tokens", "Tokens trained on by jobs."),
+    ):
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} counter", f"{name} {totals[key]}"]
+    lines += ["# HELP corpusmill_stage_seconds_total Seconds spent in each stage, over all jobs.",
+              "# TYPE corpusmill_stage_seconds_total counter"]
+    lines += [f'corpusmill_stage_seconds_total{{stage="{s}"}} {v:.3f}' for s, v in sorted(seconds.items())]
+    return "\n".join(lines) + "\n"
