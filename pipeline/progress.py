@@ -68,16 +68,18 @@ class RunProgress:
             if done in (0, total) or time.perf_counter() - self._last_write >= _MIN_INTERVAL_S:
                 self._write()
 
-    def finished(self, error: Optional[str] = None) -> None:
+    def finished(self, error: Optional[str] = None, interrupted: bool = False) -> None:
+        """The run ended: succeeded, failed (with the error) or interrupted (Ctrl-C, a cancelled job)."""
         with self._lock:
-            self.doc["state"] = "failed" if error else "succeeded"
-            self.doc["error"] = error
-            if error and self.doc["stage"]:
-                entry = self.doc["stages"].get(self.doc["stage"], {})
-                if entry.get("state") == "running":
-                    entry["state"] = "failed"
-                    entry["seconds"] = round(time.perf_counter() - self._started.get(self.doc["stage"], time.perf_counter()), 3)
-            self.doc["stage"] = None if not error else self.doc["stage"]
+            state = "interrupted" if interrupted else "failed" if error else "succeeded"
+            self.doc["state"], self.doc["error"] = state, error
+            current = self.doc["stage"]
+            entry = self.doc["stages"].get(current, {}) if current else {}
+            if state != "succeeded" and entry.get("state") == "running":
+                entry["state"] = state
+                entry["seconds"] = round(time.perf_counter() - self._started.get(current, time.perf_counter()), 3)
+            if state == "succeeded":
+                self.doc["stage"] = None
             self.doc["step"] = None
             self._write()
 

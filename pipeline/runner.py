@@ -191,6 +191,9 @@ class Pipeline:
         token = progress_listener.set(self.progress.tasks)
         try:
             result = self._run()
+        except KeyboardInterrupt:
+            self.progress.finished(error="interrupted", interrupted=True)
+            raise
         except BaseException as e:
             self.progress.finished(error=f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
             raise

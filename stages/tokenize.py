@@ -178,7 +178,28 @@ def train_tokenizer(sample_file: Path, model_prefix: Path, *, vocab_size: int, m
                 "tokenizer.train.vocab_size or lower tokenizer.train.character_coverage"
             ) from None
         raise TokenizerError(f"SentencePiece training failed: {msg}") from None
+    _drop_training_paths(f"{model_prefix}.model")
     return f"{model_prefix}.model"
+
+
+def _drop_training_paths(model_file: str) -> None:
+    """SentencePiece stores the sample file and model prefix paths in the model: keep only their names,
+    so the same config on the same data gives a byte-identical tokenizer (and manifest sha256) in any
+    run directory."""
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    proto = model_pb2.ModelProto()
+    with open(model_file, "rb") as f:
+        proto.ParseFromString(f.read())
+    spec = proto.trainer_spec
+    names = [os.path.basename(p) for p in spec.input]
+    del spec.input[:]
+    spec.input.extend(names)
+    spec.model_prefix = os.path.basename(spec.model_prefix)
+    tmp = f"{model_file}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(proto.SerializeToString())
+    os.replace(tmp, model_file)
 
 
 def _train(sample_file: Path, model_prefix: Path, vocab_size: int, model_type: str, character_coverage: float,

@@ -111,6 +111,12 @@ def _error(status: int, detail: str, keys: Optional[list[str]] = None) -> HTTPEx
 
 ERRORS = {401: {"model": ErrorBody, "description": "Missing or wrong bearer token."},
           422: {"model": ErrorBody, "description": "Invalid request; `keys` names what is wrong."}}
+_JSON_ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+
+
+def text_errors(*codes: int) -> dict:
+    """Error responses of a route that answers text or HTML: its errors are still JSON."""
+    return {c: {"description": "See ErrorBody.detail.", "content": _JSON_ERROR} for c in (401, 422, *codes)}
 
 
 # ---- the request checks ---------------------------------------------------------------
@@ -214,6 +220,7 @@ def create_app(ctx: ServiceContext) -> FastAPI:
 
     @app.post("/v1/jobs", status_code=201, response_model=JobCreated, tags=["jobs"], dependencies=[Depends(authorized)],
               responses={**ERRORS, 403: {"model": ErrorBody, "description": "A path outside the data roots."},
+                         400: {"model": ErrorBody, "description": "The body is not parseable JSON."},
                          409: {"model": ErrorBody, "description": "`out` is in use or already holds files."},
                          413: {"model": ErrorBody, "description": "Request body too large."},
                          429: {"model": ErrorBody, "description": "The queue is full."}})
@@ -232,7 +239,7 @@ def create_app(ctx: ServiceContext) -> FastAPI:
 
     @app.get("/v1/jobs", response_model=JobList, tags=["jobs"], dependencies=[Depends(authorized)], responses=ERRORS)
     def list_jobs(state: Optional[Literal["queued", "running", "succeeded", "failed", "cancelled"]] = None,
-                  limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)) -> dict:
+                  limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0, le=2**31)) -> dict:
         """Jobs in submission order, optionally of one state."""
         return {"jobs": [job_view(r, ctx.dashboard) for r in ctx.store.list(state, limit, offset)]}
 
@@ -243,7 +250,7 @@ def create_app(ctx: ServiceContext) -> FastAPI:
         return job_view(_row(job_id), ctx.dashboard)
 
     @app.get("/v1/jobs/{job_id}/report", response_class=HTMLResponse, tags=["jobs"], dependencies=[Depends(authorized)],
-             responses={**ERRORS, 404: {"model": ErrorBody, "description": "No such job, or no report yet."}})
+             responses=text_errors(404))
     def get_report(job_id: str = PathParam(pattern=JOB_ID)) -> HTMLResponse:
         """The run's report.html (written when a run or dedup job finishes)."""
         row = _row(job_id)
@@ -268,7 +275,7 @@ def create_app(ctx: ServiceContext) -> FastAPI:
         return view["ledger"]
 
     @app.get("/v1/jobs/{job_id}/log", response_class=PlainTextResponse, tags=["jobs"],
-             dependencies=[Depends(authorized)], responses={**ERRORS, 404: {"model": ErrorBody}})
+             dependencies=[Depends(authorized)], responses=text_errors(404))
     def get_log(job_id: str = PathParam(pattern=JOB_ID), tail: int = Query(200, ge=1, le=100000)) -> PlainTextResponse:
         """The last `tail` lines the job printed."""
         _row(job_id)
@@ -278,7 +285,8 @@ def create_app(ctx: ServiceContext) -> FastAPI:
 
     @app.post("/v1/jobs/{job_id}/cancel", status_code=202, response_model=JobStatus, tags=["jobs"],
               dependencies=[Depends(authorized)],
-              responses={**ERRORS, 404: {"model": ErrorBody}, 409: {"model": ErrorBody, "description": "Already finished."}})
+              responses={**ERRORS, 400: {"model": ErrorBody}, 404: {"model": ErrorBody},
+                         409: {"model": ErrorBody, "description": "Already finished."}})
     def cancel(job_id: str = PathParam(pattern=JOB_ID)) -> dict:
         """Cancel a queued job at once, or a running one (SIGINT, then SIGKILL after a grace period)."""
         from ..progress import utc_now
@@ -296,7 +304,7 @@ def create_app(ctx: ServiceContext) -> FastAPI:
         raise _error(409, f"job {job_id} already {row['state']}")
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["service"], dependencies=[Depends(authorized)],
-             responses=ERRORS)
+             responses=text_errors())
     def metrics() -> PlainTextResponse:
         """Prometheus text: jobs by state, documents and tokens processed, stage seconds."""
         rows = ctx.store.list(None, limit=1_000_000)
