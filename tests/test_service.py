@@ -444,3 +444,25 @@ def test_data_roots_resolve_symlinks_dotdot_and_keep_the_state_folder_out(tmp_pa
     assert roots.resolve_inputs("config.input.paths", ["docs/*.jsonl"]) == [str(root / "docs" / "*.jsonl")]
     with pytest.raises(PathRefused, match="data root itself"):
         roots.out_dir("out", str(root), "unused")
+
+
+def test_dedup_and_train_jobs(server, data_root, reference_job):
+    """The other two kinds: a batch dedup job (kept/ and removed/ as the CLI writes them) and a train job on shards."""
+    with server.client() as c:
+        cfg = {"input": {"paths": ["corpus"]}, "dedup": {"minhash": {"enabled": True}}}
+        dedup = c.post("/v1/jobs", json={"kind": "dedup", "config": cfg, "format": "jsonl"}).json()
+        train = c.post("/v1/jobs", json={"kind": "train", "shards": str(reference_job["out"] / "shards"),
+                                         "config": {"train": {"steps": 3, "batch_size": 4,
+                                                              "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2}}}})
+        assert train.status_code == 201, train.text
+        d, t = follow(c, dedup["id"]), follow(c, train.json()["id"])
+        assert d["state"] == "succeeded", d["error"]
+        assert [s["name"] for s in d["stages"]] == ["read", "exact_dedup", "near_dedup", "export"]
+        ledger = c.get(f"/v1/jobs/{dedup['id']}/ledger").json()
+        assert ledger["input"] == ledger["kept"] + ledger["duplicates"] + ledger["quarantined"] and ledger["duplicates"] > 0
+        out = Path(dedup["out"])
+        assert sum(1 for f in (out / "kept").glob("*.jsonl") for _ in open(f)) == ledger["kept"]
+        assert t["state"] == "succeeded", t["error"]
+        assert t["stage"] is None and t["train"]["done"] and t["train"]["steps"] == 3
+        assert c.get(f"/v1/jobs/{t['id']}/ledger").json()["steps"] == 3
+        assert c.get(f"/v1/jobs/{t['id']}/report").status_code == 404
