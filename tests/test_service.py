@@ -269,6 +269,11 @@ def test_cancel_a_running_and_a_queued_job(server, data_root, reference_job):
             return s["state"] == "running" and s["train"] and s["train"].get("step", 0) >= 2
 
         wait_until(training, 180, "the job to be training")
+        # the queue is bounded (--max-queued 5): the sixth waiting job is refused, nothing is lost
+        waiting = [c.post("/v1/jobs", json={"kind": "run", "config": cfg}) for _ in range(6)]
+        assert [r.status_code for r in waiting] == [201] * 5 + [429], [r.text for r in waiting]
+        for r in waiting[:5]:
+            assert c.post(f"/v1/jobs/{r.json()['id']}/cancel").json()["state"] == "cancelled"
         r = c.post(f"/v1/jobs/{running}/cancel")
         assert r.status_code == 202 and r.json()["cancel_requested"]
         final = follow(c, running, timeout=60)
