@@ -313,6 +313,12 @@ class TrainConfig(_Section):
     profile_steps: Optional[tuple[int, int]] = Field(
         None, description="[first, last] step of a mindspore.Profiler window; the trace goes to OUT/profile.")
     grad_accumulation: int = Field(1, gt=0, description="Micro-batches summed (fp32) per optimizer step; a warning above 8.")
+    precision: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="Compute dtype of the matrix products: fp16 uses dynamic loss scaling (overflowed steps "
+        "skipped and counted); bf16 needs a device with bf16 kernels (Ascend, not CPU). Parameters, norms, the "
+        "attention softmax and the loss stay fp32.")
+    loss_scale: float = Field(2.0 ** 16, gt=0, description="fp16: the initial loss scale.")
+    loss_scale_window: int = Field(1000, gt=0, description="fp16: finite steps in a row before the loss scale doubles.")
     checkpoint_every: Optional[int] = Field(None, gt=0, description="Write an atomic checkpoint every N steps (and at "
                                             "the end); `corpusmill train --resume` continues from the newest.")
     keep_checkpoints: int = Field(2, gt=0, description="Checkpoints kept (the newest).")

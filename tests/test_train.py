@@ -26,11 +26,13 @@ def _losses(out):
     return [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_interrupted_and_resumed_run_has_the_losses_of_an_uninterrupted_one(shards, tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_interrupted_and_resumed_run_has_the_losses_of_an_uninterrupted_one(shards, tmp_path, precision):
     from trainer.train import train
 
     shards_dir, cfg = shards
-    tcfg = _tcfg(cfg, steps=12, checkpoint_every=4, batch_size=4)
+    # fp16 from a scale that overflows for the first steps: the resumed run must restore the scaler too
+    tcfg = _tcfg(cfg, steps=12, checkpoint_every=4, batch_size=4, precision=precision, loss_scale=2.0 ** 24)
     train(str(shards_dir), str(tmp_path / "whole"), tcfg, log=lambda m: None)
     first = train(str(shards_dir), str(tmp_path / "split"), tcfg, log=lambda m: None, stop_after=6)
     assert first["steps"] == 6 and (tmp_path / "split" / "checkpoints" / "step-00000006" / "state.json").is_file()
@@ -39,7 +41,41 @@ def test_interrupted_and_resumed_run_has_the_losses_of_an_uninterrupted_one(shar
     assert second["resumed_at_step"] == 6 and second["steps"] == 12
     whole, split = _losses(tmp_path / "whole"), _losses(tmp_path / "split")
     assert len(split) == 12 and np.allclose(whole, split, rtol=0, atol=1e-6), (whole, split)
+    if precision == "fp16":
+        assert first["overflow_steps"] >= 1 and second["final_loss_scale"] == json.loads(
+            (tmp_path / "whole" / "summary.json").read_text())["final_loss_scale"]
     assert sorted(p.name for p in (tmp_path / "split" / "checkpoints").iterdir()) == ["step-00000008", "step-00000012"]
+
+
+def test_fp16_with_dynamic_loss_scaling_skips_overflowed_steps_and_tracks_fp32(shards, tmp_path):
+    from trainer.train import train
+
+    shards_dir, cfg = shards
+    common = dict(steps=16, batch_size=4, lr=0.01)
+    fp32 = train(str(shards_dir), str(tmp_path / "fp32"), _tcfg(cfg, **common), log=lambda m: None)
+    logs: list[str] = []
+    fp16 = train(str(shards_dir), str(tmp_path / "fp16"), _tcfg(cfg, precision="fp16", loss_scale=2.0 ** 20, **common),
+                 log=logs.append)
+    records = [json.loads(x) for x in (tmp_path / "fp16" / "metrics.jsonl").read_text().splitlines()]
+    skipped = [r for r in records if r["overflow"]]
+    assert fp16["precision"] == "fp16" and fp16["overflow_steps"] == len(skipped) >= 1
+    assert fp16["final_loss_scale"] < 2.0 ** 20 and records[0]["loss_scale"] == 2.0 ** 20
+    assert sum("gradient overflow" in m for m in logs) == len(skipped)
+    # a skipped step does not move the schedule: the learning rate repeats after it
+    first_skip = records.index(skipped[0])
+    assert records[first_skip + 1]["lr"] == records[first_skip]["lr"]
+    assert fp16["loss_end_mean"] < fp16["loss_start_mean"] - 0.5
+    assert abs(fp16["last_loss"] - fp32["last_loss"]) < 0.05 * fp32["last_loss"], (fp16["last_loss"], fp32["last_loss"])
+
+
+def test_bf16_is_refused_on_cpu_before_any_work(shards, tmp_path):
+    from trainer.precision import PrecisionError
+    from trainer.train import train
+
+    shards_dir, cfg = shards
+    with pytest.raises(PrecisionError, match="bf16.*CPU"):
+        train(str(shards_dir), str(tmp_path / "bf16"), _tcfg(cfg, precision="bf16"), log=lambda m: None)
+    assert not (tmp_path / "bf16" / "metrics.jsonl").exists()
 
 
 def test_gradient_accumulation_equals_the_larger_batch(shards, tmp_path):

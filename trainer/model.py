@@ -1,7 +1,9 @@
 """A Llama-style decoder in MindSpore: RMSNorm, rotary embeddings, SwiGLU, causal attention.
 
-Norms and the attention softmax are computed in fp32 whatever the compute dtype. Kept in an
-importable module because MindSpore compiles graphs from source it can import.
+Parameters are always fp32 (the master copy the optimizer updates); matrix products run in the
+compute dtype (fp16 or bf16 for mixed precision), while norms, the attention softmax and the loss
+are computed in fp32 whatever the compute dtype. Kept in an importable module because MindSpore
+compiles graphs from source it can import.
 """
 from __future__ import annotations
 
@@ -32,6 +34,24 @@ class ModelShape:
             self.intermediate_size = int(math.ceil(self.hidden_size * 8 / 3 / 32) * 32)
 
 
+class Linear(nn.Cell):
+    """y = x W^T with W kept in fp32 and the product computed in `compute_dtype` (W is cast per use,
+    so its gradient arrives in fp32). Same parameter name and shape as nn.Dense without bias."""
+
+    def __init__(self, in_dim: int, out_dim: int, weight_init, compute_dtype=ms.float32):
+        super().__init__()
+        self.weight = Parameter(initializer(weight_init, (out_dim, in_dim), ms.float32), name="weight")
+        self.compute_dtype = compute_dtype
+        self.out_dim = out_dim
+        self.matmul = ops.MatMul(transpose_b=True)
+
+    def construct(self, x):
+        lead = x.shape[:-1]
+        flat = ops.reshape(x.astype(self.compute_dtype), (-1, x.shape[-1]))
+        y = self.matmul(flat, self.weight.astype(self.compute_dtype))
+        return ops.reshape(y, lead + (self.out_dim,))
+
+
 class RMSNorm(nn.Cell):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -52,16 +72,16 @@ def rotary_tables(seq_length: int, head_dim: int, base: float = 10000.0) -> tupl
 
 
 class Attention(nn.Cell):
-    def __init__(self, shape: ModelShape):
+    def __init__(self, shape: ModelShape, compute_dtype=ms.float32):
         super().__init__()
         h = shape.hidden_size
         self.heads = shape.num_heads
         self.head_dim = h // shape.num_heads
         init = Normal(0.02)
-        self.wq = nn.Dense(h, h, has_bias=False, weight_init=init)
-        self.wk = nn.Dense(h, h, has_bias=False, weight_init=init)
-        self.wv = nn.Dense(h, h, has_bias=False, weight_init=init)
-        self.wo = nn.Dense(h, h, has_bias=False, weight_init=Normal(0.02 / math.sqrt(2 * shape.num_layers)))
+        self.wq = Linear(h, h, init, compute_dtype)
+        self.wk = Linear(h, h, init, compute_dtype)
+        self.wv = Linear(h, h, init, compute_dtype)
+        self.wo = Linear(h, h, Normal(0.02 / math.sqrt(2 * shape.num_layers)), compute_dtype)
         cos, sin = rotary_tables(shape.seq_length, self.head_dim)
         self.cos = Tensor(cos)
         self.sin = Tensor(sin)
@@ -91,24 +111,24 @@ class Attention(nn.Cell):
 
 
 class SwiGLU(nn.Cell):
-    def __init__(self, shape: ModelShape):
+    def __init__(self, shape: ModelShape, compute_dtype=ms.float32):
         super().__init__()
         h, i = shape.hidden_size, shape.intermediate_size
-        self.w1 = nn.Dense(h, i, has_bias=False, weight_init=Normal(0.02))
-        self.w3 = nn.Dense(h, i, has_bias=False, weight_init=Normal(0.02))
-        self.w2 = nn.Dense(i, h, has_bias=False, weight_init=Normal(0.02 / math.sqrt(2 * shape.num_layers)))
+        self.w1 = Linear(h, i, Normal(0.02), compute_dtype)
+        self.w3 = Linear(h, i, Normal(0.02), compute_dtype)
+        self.w2 = Linear(i, h, Normal(0.02 / math.sqrt(2 * shape.num_layers)), compute_dtype)
 
     def construct(self, x):
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Cell):
-    def __init__(self, shape: ModelShape):
+    def __init__(self, shape: ModelShape, compute_dtype=ms.float32):
         super().__init__()
         self.attn_norm = RMSNorm(shape.hidden_size)
-        self.attn = Attention(shape)
+        self.attn = Attention(shape, compute_dtype)
         self.mlp_norm = RMSNorm(shape.hidden_size)
-        self.mlp = SwiGLU(shape)
+        self.mlp = SwiGLU(shape, compute_dtype)
 
     def construct(self, x):
         x = x + self.attn(self.attn_norm(x))
@@ -118,19 +138,20 @@ class Block(nn.Cell):
 class DecoderLM(nn.Cell):
     """Returns the mean next-token cross-entropy of a batch of `seq_length + 1` id windows."""
 
-    def __init__(self, shape: ModelShape, ignore_id: int = -1):
+    def __init__(self, shape: ModelShape, ignore_id: int = -1, compute_dtype=ms.float32):
         super().__init__()
         self.shape = shape
+        self.compute_dtype = compute_dtype
         self.embed = nn.Embedding(shape.vocab_size, shape.hidden_size, embedding_table=Normal(0.02))
-        self.blocks = nn.CellList([Block(shape) for _ in range(shape.num_layers)])
+        self.blocks = nn.CellList([Block(shape, compute_dtype) for _ in range(shape.num_layers)])
         self.norm = RMSNorm(shape.hidden_size)
-        self.head = nn.Dense(shape.hidden_size, shape.vocab_size, has_bias=False, weight_init=Normal(0.02))
+        self.head = Linear(shape.hidden_size, shape.vocab_size, Normal(0.02), compute_dtype)
         self.ignore_id = ignore_id
 
     def construct(self, input_ids):
         tokens = input_ids[:, :-1]
         labels = input_ids[:, 1:]
-        x = self.embed(tokens)
+        x = self.embed(tokens).astype(self.compute_dtype)  # the residual stream runs in the compute dtype
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.norm(x)).astype(ms.float32)

@@ -12,6 +12,7 @@ import numpy as np
 
 from . import checkpoint
 from .data import ShardMismatch, check_model_fits, load_manifest, rank_dataset, rank_files
+from .precision import DynamicLossScaler, compute_dtype
 from .workers import choose as choose_workers
 
 
@@ -38,7 +39,9 @@ class _Session:
 
         self.manifest = load_manifest(shards_dir)
         self.seq_length, self.vocab_size = check_model_fits(self.manifest, tcfg.model.seq_length, tcfg.model.vocab_size)
-        ms.set_context(mode=ms.PYNATIVE_MODE, device_target=os.environ.get("CORPUSMILL_DEVICE", "CPU"))
+        device = os.environ.get("CORPUSMILL_DEVICE", "CPU")
+        dtype = compute_dtype(tcfg.precision, device)  # before any work: bf16 on CPU is refused here
+        ms.set_context(mode=ms.PYNATIVE_MODE, device_target=device)
         self.rank, self.world = tcfg.rank, 1
         if launched_distributed():
             from mindspore.communication import get_group_size, get_rank, init
@@ -57,7 +60,13 @@ class _Session:
         tok = self.manifest["tokenizer"]
         # only a dedicated pad id is masked out of the loss; a pad borrowed from <unk> is a real token
         self.pad_is_real_token = tok.get("pad_source") not in ("tokenizer", "config")
-        self.net = DecoderLM(self.shape, ignore_id=-1 if self.pad_is_real_token else tok["pad_id"])
+        self.net = DecoderLM(self.shape, ignore_id=-1 if self.pad_is_real_token else tok["pad_id"], compute_dtype=dtype)
+        self.precision = tcfg.precision
+        self.scaler = DynamicLossScaler(tcfg.loss_scale, tcfg.loss_scale_window) if tcfg.precision == "fp16" else None
+        if self.scaler:
+            log(f"train: fp16 matrix products with dynamic loss scaling (initial scale {tcfg.loss_scale:g}, doubled after "
+                f"{tcfg.loss_scale_window} finite steps, halved and the step skipped on overflow); norms, softmax and "
+                "loss in fp32, fp32 master weights")
         if tcfg.recompute:
             for block in self.net.blocks:
                 block.recompute()
@@ -71,27 +80,47 @@ class _Session:
         self.optimizer = nn.AdamWeightDecay(
             [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             learning_rate=Tensor(lrs), beta1=0.9, beta2=0.95, eps=1e-8)
-        grad_fn = ms.value_and_grad(self.net, None, self.optimizer.parameters)
+        net = self.net
+
+        def scaled_loss(batch, loss_scale):
+            return net(batch) * loss_scale
+
+        grad_fn = ms.value_and_grad(scaled_loss, None, self.optimizer.parameters)
         clip, accumulate = tcfg.grad_clip, tcfg.grad_accumulation
         reduce = nn.DistributedGradReducer(self.optimizer.parameters, mean=True, degree=self.world) \
             if self.world > 1 else None
 
         def step(micro_batches):
+            """One optimizer step; returns (loss, grad norm, overflowed). An overflowed fp16 step is skipped."""
+            loss_scale = self.scaler.scale if self.scaler else 1.0
+            scale_t = Tensor(loss_scale, ms.float32)
             total_loss, acc = None, None
             for batch in micro_batches:  # gradients summed in fp32 buffers, then averaged
-                loss, grads = grad_fn(batch)
+                loss, grads = grad_fn(batch, scale_t)
                 grads = tuple(g.astype(ms.float32) for g in grads)
                 acc = grads if acc is None else tuple(a + g for a, g in zip(acc, grads))
                 total_loss = loss if total_loss is None else total_loss + loss
-            grads = tuple(g / accumulate for g in acc)
+            grads = tuple(g / (accumulate * loss_scale) for g in acc)
             if reduce is not None:  # every rank applies the same mean gradient, so parameters stay identical
                 grads = reduce(grads)
             norm = ops.sqrt(sum(ops.sum(ops.square(g)) for g in grads))
-            scale = clip / ops.maximum(norm, clip)
-            self.optimizer(tuple((g * scale).astype(p.dtype) for g, p in zip(grads, self.optimizer.parameters)))
-            return total_loss / accumulate, norm
+            loss = total_loss / (accumulate * loss_scale)
+            if self.scaler is not None:
+                finite = bool(ops.isfinite(norm).asnumpy()) and bool(ops.isfinite(loss).asnumpy())
+                self.scaler.update(finite)  # all ranks see the same reduced norm, so they skip together
+                if not finite:
+                    return loss, norm, True
+            clip_scale = clip / ops.maximum(norm, clip)
+            self.optimizer(tuple((g * clip_scale).astype(p.dtype) for g, p in zip(grads, self.optimizer.parameters)))
+            return loss, norm, False
 
         self.step = step
+
+        def applied_steps() -> int:
+            """Optimizer steps taken: the schedule's position (a skipped fp16 step does not advance it)."""
+            return int(np.asarray(self.optimizer.global_step.asnumpy()).reshape(-1)[0])
+
+        self.applied_steps = applied_steps
         workers = tcfg.num_parallel_workers
         self.worker_rates: dict = {}
         if workers == "auto":
@@ -103,6 +132,11 @@ class _Session:
             raise ValueError(f"rank {tcfg.rank} has fewer samples ({self.manifest['samples_per_rank']}) than one batch "
                              f"({tcfg.batch_size})")
         self.batches = data.repeat().create_tuple_iterator(num_epochs=1)
+
+
+def _finite_mean(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
 
 
 def launched_distributed() -> bool:
@@ -159,6 +193,8 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
             raise FileNotFoundError(f"--resume: no checkpoint in {out / 'checkpoints'}")
         state = checkpoint.load(session.optimizer, folder)
         start_step, losses = state["step"], state["losses"]
+        if session.scaler is not None and state.get("loss_scaler"):
+            session.scaler = DynamicLossScaler.from_state(state["loss_scaler"])
         for _ in range(state["batches"]):  # the same seeded order: skip exactly what was consumed
             next(session.batches)
         kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= start_step] \
@@ -183,25 +219,37 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
             t1 = time.perf_counter()
             if step == start_step and not resume:
                 warnings += _diagnose_first_batch(micro[0].asnumpy(), session, tcfg, warmup, log)
-            loss, norm = session.step(micro)
-            loss_value = float(loss.asnumpy())
+            scale_used = session.scaler.scale if session.scaler else None
+            lr_now = float(lrs[min(session.applied_steps(), len(lrs) - 1)])
+            loss, norm, overflow = session.step(micro)
+            loss_value, norm_value = float(loss.asnumpy()), float(norm.asnumpy())
             t2 = time.perf_counter()
-            record = {"step": step + 1, "loss": loss_value, "lr": float(lrs[step]), "grad_norm": float(norm.asnumpy()),
+            record = {"step": step + 1, "loss": loss_value if math.isfinite(loss_value) else None, "lr": lr_now,
+                      "grad_norm": norm_value if math.isfinite(norm_value) else None,
                       "tokens_per_s": tokens_per_step / max(t2 - t0, 1e-9), "data_wait_s": t1 - t0, "compute_s": t2 - t1}
+            if session.scaler is not None:
+                record.update(loss_scale=scale_used, overflow=overflow)
             totals["data_wait_s"] += record["data_wait_s"]
             totals["compute_s"] += record["compute_s"]
             losses.append(loss_value)
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
-            if not math.isfinite(loss_value):
+            if overflow:
+                log(f"  step {step + 1:>5}/{tcfg.steps}  fp16 gradient overflow at loss scale {scale_used:g}: step "
+                    f"skipped, scale now {session.scaler.scale:g} ({session.scaler.overflow_steps} skipped so far)")
+                if session.scaler.stuck:
+                    raise FloatingPointError(f"fp16 overflow even at loss scale {session.scaler.scale:g} at step "
+                                             f"{step + 1}: the forward pass overflows; lower the learning rate or use "
+                                             "fp32/bf16")
+            elif not math.isfinite(loss_value):
                 raise FloatingPointError(f"loss became {loss_value} at step {step + 1}")
-            if step == 0 or (step + 1) % 10 == 0 or step + 1 == tcfg.steps:
-                log(f"  step {step + 1:>5}/{tcfg.steps}  loss {loss_value:.4f}  lr {lrs[step]:.2e}  "
+            if not overflow and (step == 0 or (step + 1) % 10 == 0 or step + 1 == tcfg.steps):
+                log(f"  step {step + 1:>5}/{tcfg.steps}  loss {loss_value:.4f}  lr {lr_now:.2e}  "
                     f"grad_norm {record['grad_norm']:.3f}  {record['tokens_per_s']:.0f} tok/s")
             after = step + 1 - warmup
             if not flat_checked and after >= max(20, tcfg.steps // 10):
                 flat_checked = True
-                early, late = np.mean(losses[warmup:warmup + 10]), np.mean(losses[-10:])
+                early, late = _finite_mean(losses[warmup:warmup + 10]), _finite_mean(losses[-10:])
                 if late > 0.99 * early:
                     w = (f"loss is flat after warmup ({early:.3f} -> {late:.3f}); check: the learning rate "
                          f"({tcfg.lr:g}; try `corpusmill train lr-find`), the label shift, the pad id (masked: "
@@ -214,19 +262,21 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
                 profiler = None
             if tcfg.checkpoint_every and ((step + 1) % tcfg.checkpoint_every == 0 or step + 1 in (tcfg.steps, end)):
                 checkpoint.save(session.optimizer, out, step + 1,
-                                {"batches": (step + 1) * tcfg.grad_accumulation, "losses": losses},
+                                {"batches": (step + 1) * tcfg.grad_accumulation, "losses": losses,
+                                 "loss_scaler": session.scaler.state() if session.scaler else None},
                                 keep=tcfg.keep_checkpoints)
     wall = time.perf_counter() - t_start
-    head = float(np.mean(losses[: max(1, len(losses) // 10)]))
-    tail = float(np.mean(losses[-max(1, len(losses) // 10):]))
+    finite = [x for x in losses if math.isfinite(x)]  # fp16 steps that overflowed in the forward pass have no loss
+    head = float(np.mean(finite[: max(1, len(finite) // 10)]))
+    tail = float(np.mean(finite[-max(1, len(finite) // 10):]))
     summary = {
         "steps": len(losses),
         "planned_steps": tcfg.steps,
         "resumed_at_step": start_step,
         "rank": session.rank,
         "world_size": session.world,
-        "first_loss": losses[0],
-        "last_loss": losses[-1],
+        "first_loss": finite[0],
+        "last_loss": finite[-1],
         "loss_start_mean": head,
         "loss_end_mean": tail,
         "tokens": tokens_per_step * (len(losses) - start_step),
@@ -238,6 +288,9 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
         "num_parallel_workers": session.num_parallel_workers,
         "num_parallel_workers_rates": session.worker_rates,
         "grad_accumulation": tcfg.grad_accumulation,
+        "precision": tcfg.precision,
+        "overflow_steps": session.scaler.overflow_steps if session.scaler else 0,
+        "final_loss_scale": session.scaler.scale if session.scaler else None,
         "recompute": tcfg.recompute,
         "profile_dir": str(profile_dir) if profile_dir else None,
         "warmup_steps": warmup,
@@ -256,11 +309,16 @@ def lr_find(shards_dir: str, tcfg: Any, steps: int = 60, low: float = 1e-5, high
     the smoothed loss still falls steadily (over each of the 3 steps before it) and a rate 25% below."""
     lrs = (low * (high / low) ** (np.arange(steps) / max(1, steps - 1))).astype(np.float32)
     session = _Session(shards_dir, tcfg, lrs, log)
-    raw, smooth, avg = [], [], None
+    raw, smooth, used, avg = [], [], [], None
     for i in range(steps):
         micro = [next(session.batches)[0] for _ in range(tcfg.grad_accumulation)]
-        loss = float(session.step(micro)[0].asnumpy())
+        lr_now = float(lrs[min(session.applied_steps(), steps - 1)])
+        loss_t, _, overflow = session.step(micro)
+        if overflow:  # a skipped fp16 step says nothing about this learning rate
+            continue
+        loss = float(loss_t.asnumpy())
         raw.append(loss)
+        used.append(lr_now)
         avg = loss if avg is None else 0.8 * avg + 0.2 * loss
         smooth.append(avg)
         if not math.isfinite(loss) or (i > 5 and avg > 4 * min(smooth)):
@@ -269,9 +327,9 @@ def lr_find(shards_dir: str, tcfg: Any, steps: int = 60, low: float = 1e-5, high
     k = best
     while k >= 3 and not all(smooth[j] < smooth[j - 1] for j in range(k - 2, k + 1)):
         k -= 1
-    largest = float(lrs[k])
+    largest = used[k]
     result = {"largest_falling_lr": largest, "suggested_lr": 0.75 * largest, "steps_run": len(raw),
-              "lrs": [float(x) for x in lrs[:len(raw)]], "losses": raw, "smoothed": smooth}
+              "lrs": used, "losses": raw, "smoothed": smooth}
     log(f"lr-find: the loss still falls steadily up to lr {largest:.3g} (smoothed loss {smooth[k]:.3f}, lowest "
-        f"{smooth[best]:.3f} at {lrs[best]:.3g}); suggested lr {0.75 * largest:.3g}")
+        f"{smooth[best]:.3f} at {used[best]:.3g}); suggested lr {0.75 * largest:.3g}")
     return result
