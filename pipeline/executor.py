@@ -45,9 +45,12 @@ def run_batch_part(fn: Callable[..., Any], in_path: str, out_dir: str, reader: s
     return {"stats": stats, "extra": extra, "part": name}
 
 
-def sample_part(path: str, seed: int, rate: float, max_chars: int, first_row_group_only: bool = False) -> list[str]:
+def sample_part(path: str, seed: int, rate: float, max_chars: int, first_row_group_only: bool = False,
+                max_docs: Optional[int] = None) -> list[str]:
     """A deterministic sample of texts: a document is chosen when a seeded hash of its uid is small.
-    `first_row_group_only` reads one row group (about 4 MB) instead of the whole part."""
+    `first_row_group_only` reads one row group (about 4 MB) instead of the whole part; `max_docs`
+    keeps only the documents with the smallest hashes (the tokenizer checks need a few hundred, and
+    shipping a whole row group of text to the driver cost more than the checks themselves)."""
     import xxhash
 
     if first_row_group_only:
@@ -55,9 +58,12 @@ def sample_part(path: str, seed: int, rate: float, max_chars: int, first_row_gro
     else:
         table = pq.read_table(path, columns=["uid", "text"])
     uids = table.column("uid").to_numpy()
-    threshold = int(rate * (1 << 64))
-    chosen = [i for i, u in enumerate(uids.tolist()) if xxhash.xxh3_64_intdigest(int(u).to_bytes(8, "little", signed=True), seed) < threshold]
-    texts = table.column("text").take(pa.array(np.asarray(chosen, dtype=np.int64))).to_pylist()
+    hashes = np.fromiter((xxhash.xxh3_64_intdigest(int(u).to_bytes(8, "little", signed=True), seed) for u in uids.tolist()),
+                         dtype=np.uint64, count=len(uids))
+    chosen = np.arange(len(uids)) if rate >= 1.0 else np.flatnonzero(hashes < np.uint64(int(rate * (1 << 64))))
+    if max_docs is not None and len(chosen) > max_docs:
+        chosen = np.sort(chosen[np.argsort(hashes[chosen], kind="stable")[:max_docs]])
+    texts = table.column("text").take(pa.array(chosen.astype(np.int64))).to_pylist()
     out, total = [], 0
     for t in texts:
         if total >= max_chars:

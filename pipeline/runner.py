@@ -54,7 +54,8 @@ STAGE_DIRS = {
 }
 
 
-TOKENIZE_SLICE_MB = 4  # tokenizing is the slowest stage: slices this size keep every worker busy to the end
+TOKENIZE_SLICE_MB = 2  # tokenizing is the slowest stage: slices this size keep every worker busy to the end
+CHECK_SAMPLE_DOCS = 200  # documents the tokenizer checks (unknown-token rate, round trip) look at
 TEXT_PER_PARQUET_BYTE = 3  # zstd Parquet of text is about a third of the text's size
 
 
@@ -616,14 +617,14 @@ class Pipeline:
         kept_docs = self.stats[source_stage]["docs_out"]
         if kept_docs == 0:
             raise PipelineError("no documents are left to tokenize: every input was filtered, removed or quarantined")
-        if tc.model:  # only the checks need a sample: one row group from each of 4 spread-out parts
+        if tc.model:  # only the checks need a sample: a few hundred documents from 4 spread-out parts
             sampled = [parts[i] for i in sorted({round(j * (len(parts) - 1) / 3) for j in range(4)})]
-            rate, first_group = 1.0, True
+            rate, first_group, max_docs = 1.0, True, -(-2 * CHECK_SAMPLE_DOCS // len(sampled))
         else:  # training needs a sample of the whole corpus
-            sampled, rate, first_group = parts, min(1.0, tc.train.sample_docs / kept_docs), False
+            sampled, rate, first_group, max_docs = parts, min(1.0, tc.train.sample_docs / kept_docs), False, None
         max_chars = (tc.train.max_sample_mb << 20) // max(1, len(sampled))
         samples = run_tasks(
-            self.client, [delayed(sample_part)(p, tc.train.seed, rate, max_chars, first_group) for p in sampled],
+            self.client, [delayed(sample_part)(p, tc.train.seed, rate, max_chars, first_group, max_docs) for p in sampled],
             "tokenize: sample")
         sample = [t for chunk in samples for t in chunk]
         model_path = folder / "tokenizer.model"
@@ -648,7 +649,7 @@ class Pipeline:
             sample_file.unlink()
             origin = "trained on this corpus"
         rng = np.random.default_rng(tc.train.seed)
-        check_sample = [sample[i] for i in sorted(rng.choice(len(sample), size=min(200, len(sample)), replace=False))]
+        check_sample = [sample[i] for i in sorted(rng.choice(len(sample), size=min(CHECK_SAMPLE_DOCS, len(sample)), replace=False))]
         try:
             report = tokenize.check_tokenizer(
                 str(model_path), add_bos=tc.add_bos, add_eos=tc.add_eos, pad_id=tc.pad_id,

@@ -469,5 +469,6 @@ def test_dedup_and_train_jobs(server, data_root, reference_job):
         assert sum(1 for f in (out / "kept").glob("*.jsonl") for _ in open(f)) == ledger["kept"]
         assert t["state"] == "succeeded", t["error"]
         assert t["stage"] is None and t["train"]["done"] and t["train"]["steps"] == 3
+        assert [(s["name"], s["state"]) for s in t["stages"]] == [("train", "done")]
         assert c.get(f"/v1/jobs/{t['id']}/ledger").json()["steps"] == 3
         assert c.get(f"/v1/jobs/{t['id']}/report").status_code == 404

@@ -24,7 +24,7 @@ from .. import __version__
 from ..config import ConfigError, parse_config
 from .guard import DataRoots, InputError, PathRefused
 from .status import LOG_NAME, job_counters, job_view, prometheus_text
-from .store import ACTIVE, STATES, JobStore
+from .store import ACTIVE, STATES, JobStore, OutInUse
 from .supervisor import Supervisor
 
 MAX_BODY_BYTES = 1 << 20
@@ -230,10 +230,11 @@ def create_app(ctx: ServiceContext) -> FastAPI:
 
         job_id = uuid.uuid4().hex[:16]
         request, notes = prepare_job(req, ctx.roots, job_id)
-        other = ctx.store.active_out(request["out"])
-        if other:
-            raise _error(409, f"out: job {other} is already writing to {request['out']}", ["out"])
-        if not ctx.store.add(req.kind, request, request["out"], ctx.max_queued, job_id=job_id):
+        try:
+            added = ctx.store.add(req.kind, request, request["out"], ctx.max_queued, job_id=job_id)
+        except OutInUse as e:
+            raise _error(409, f"out: job {e.job_id} is already writing to {request['out']}", ["out"]) from None
+        if not added:
             raise _error(429, f"the queue is full ({ctx.max_queued} jobs waiting); retry later")
         return {"id": job_id, "state": "queued", "out": request["out"], "notes": notes}
 

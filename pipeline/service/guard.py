@@ -30,7 +30,7 @@ NOT_PATHS: set[tuple[str, ...]] = {
     ("pack", "mode"), ("pack", "remainder"),
     ("shard", "layout"), ("shard", "remainder"), ("shard", "verify"),
     ("cluster", "address"), ("cluster", "memory_limit"),
-    ("train", "num_parallel_workers"),
+    ("train", "num_parallel_workers"), ("train", "precision"),
 }
 
 

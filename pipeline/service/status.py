@@ -103,8 +103,11 @@ def job_view(row: dict, dashboard: Optional[str]) -> dict[str, Any]:
                                                            for n, m in markers.items() if "docs_in" in m["stats"]}}
     if row["kind"] == "train" or (request.get("config") or {}).get("train", {}).get("enabled"):
         view["train"] = train_progress(train_dir(row), planned_steps)
-        if row["kind"] == "train" and row["state"] == "running":
-            view["stage"] = "train"
+    if row["kind"] == "train":  # one stage, whose state is the job's
+        state = {"queued": "pending", "succeeded": "done", "cancelled": "interrupted"}.get(row["state"], row["state"])
+        summary = _read_json(train_dir(row) / "summary.json")
+        view["stages"] = [{"name": "train", "state": state, "seconds": summary.get("wall_s") if summary else None}]
+        view["stage"] = "train" if row["state"] == "running" else None
     return view
 
 

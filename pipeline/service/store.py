@@ -42,6 +42,14 @@ CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 """
 
 
+class OutInUse(Exception):
+    """Another active job writes to the same run directory."""
+
+    def __init__(self, job_id: str):
+        super().__init__(job_id)
+        self.job_id = job_id
+
+
 class JobStore:
     """Thread-safe access to STATE/jobs.db (one connection, one lock: the service is one process)."""
 
@@ -71,11 +79,16 @@ class JobStore:
         return d
 
     def add(self, kind: str, request: dict, out: str, max_queued: int, job_id: Optional[str] = None) -> Optional[str]:
-        """Queue a job; None when `max_queued` jobs are already waiting (the queue is bounded)."""
+        """Queue a job; None when `max_queued` jobs are already waiting (the queue is bounded), OutInUse
+        when a queued or running job writes to `out` (checked in the same transaction as the insert)."""
         job_id = job_id or uuid.uuid4().hex[:16]
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                other = self._db.execute("SELECT id FROM jobs WHERE out = ? AND state IN ('queued', 'running')",
+                                         (out,)).fetchone()
+                if other:
+                    raise OutInUse(other[0])
                 queued = self._db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued'").fetchone()[0]
                 if queued >= max_queued:
                     self._db.execute("ROLLBACK")
@@ -105,13 +118,6 @@ class JobStore:
         with self._lock:
             rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
         return {s: 0 for s in STATES} | {r[0]: r[1] for r in rows}
-
-    def active_out(self, out: str) -> Optional[str]:
-        """The id of a queued or running job writing to `out`, if any."""
-        with self._lock:
-            row = self._db.execute("SELECT id FROM jobs WHERE out = ? AND state IN ('queued', 'running')",
-                                   (out,)).fetchone()
-        return row[0] if row else None
 
     def update(self, job_id: str, expect: Optional[tuple[str, ...]] = None, **fields: Any) -> bool:
         """Set fields; with `expect`, only while the job is in one of those states. True when a row changed."""
