@@ -99,8 +99,8 @@ def follow(client: httpx.Client, job_id: str, until=("succeeded", "failed", "can
 
 
 def service_config(corpus: Path, **over) -> dict:
-    cfg = e2e_config(corpus, input={"paths": ["corpus"], "part_size_mb": 0.02, "block_size_mb": 0.04}, **over)
-    return cfg
+    """The e2e test config with the corpus named relative to the data root, as an API user would."""
+    return e2e_config(corpus, input={"paths": ["corpus"], "part_size_mb": 0.02, "block_size_mb": 0.04}, **over)
 
 
 def comparable_manifest(out: Path) -> dict:
@@ -138,9 +138,7 @@ def reference_job(server, data_root) -> dict:
         r = c.post("/v1/jobs", json={"kind": "run", "config": cfg})
         assert r.status_code == 201, r.text
         created = r.json()
-        states = []
         final = follow(c, created["id"])
-        states.append(final["state"])
     return {"id": created["id"], "out": Path(created["out"]), "status": final}
 
 

@@ -10,7 +10,6 @@ inside a root.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Iterable, Optional
 
 from stages.read import InputError, expand_inputs
