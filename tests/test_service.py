@@ -253,7 +253,7 @@ def test_bad_requests_get_422_naming_the_key(server, data_root, reference_job):
         assert c.post(f"/v1/jobs/{reference_job['id']}/cancel").status_code == 409
 
 
-def test_cancel_a_running_and_a_queued_job(server, data_root, reference_job):
+def test_cancel_a_running_and_a_queued_job(server, data_root, reference_job, tmp_path_factory):
     cfg = service_config(data_root / "corpus", train={"enabled": True, "steps": 5000})
     with server.client() as c:
         running = c.post("/v1/jobs", json={"kind": "run", "config": cfg}).json()["id"]
@@ -272,6 +272,12 @@ def test_cancel_a_running_and_a_queued_job(server, data_root, reference_job):
         assert [r.status_code for r in waiting] == [201] * 5 + [429], [r.text for r in waiting]
         for r in waiting[:5]:
             assert c.post(f"/v1/jobs/{r.json()['id']}/cancel").json()["state"] == "cancelled"
+        # a job accepted while its input was a real folder, which became a link out of the roots while it waited
+        swap = data_root / "swap"
+        shutil.copytree(data_root / "corpus", swap)
+        swapped = c.post("/v1/jobs", json={"kind": "run", "config": {**cfg, "input": {"paths": ["swap"]}}}).json()["id"]
+        shutil.rmtree(swap)
+        swap.symlink_to(tmp_path_factory.mktemp("outside"), target_is_directory=True)
         r = c.post(f"/v1/jobs/{running}/cancel")
         assert r.status_code == 202 and r.json()["cancel_requested"]
         final = follow(c, running, timeout=60)
@@ -279,6 +285,8 @@ def test_cancel_a_running_and_a_queued_job(server, data_root, reference_job):
         assert final["train"]["step"] < 5000
         assert [s["state"] for s in final["stages"]][-1] == "interrupted"
         assert follow(c, queued, timeout=5)["attempts"] == 0  # never started
+        refused = follow(c, swapped, timeout=60)
+        assert refused["state"] == "failed" and "refused at start" in refused["error"] and "swap" in refused["error"]
         metrics = c.get("/metrics").text
     cancelled = [ln for ln in metrics.splitlines() if ln.startswith('corpusmill_jobs{state="cancelled"}')]
     assert float(cancelled[0].split()[1]) >= 2

@@ -97,5 +97,17 @@ class DataRoots:
     def out_dir(self, key: str, raw: Optional[str], default: str) -> str:
         return self.resolve(key, raw or default, allow_root=False)
 
+    def recheck(self, request: dict) -> None:
+        """Check an accepted job's paths again when it starts: it may have waited in the queue while
+        someone replaced a folder with a symlink. PathRefused or InputError when they no longer pass."""
+        config = request["config"]
+        if request["kind"] in ("run", "dedup"):
+            self.resolve_inputs("config.input.paths", config["input"]["paths"])
+        if config["tokenizer"].get("model"):
+            self.resolve("config.tokenizer.model", config["tokenizer"]["model"])
+        if request.get("shards"):
+            self.resolve("shards", request["shards"])
+        self.resolve("out", request["out"], allow_root=False)
+
 
 __all__ = ["DataRoots", "InputError", "NOT_PATHS", "PATH_FIELDS", "PathRefused"]

@@ -116,7 +116,7 @@ def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, schedu
     store = JobStore(state)
     address, dashboard, close_cluster = _start_cluster(scheduler, n_workers, log)
     try:
-        supervisor = Supervisor(store, state, address, max_concurrent, log=log)
+        supervisor = Supervisor(store, state, address, max_concurrent, log=log, roots=roots)
         ctx = ServiceContext(store=store, roots=roots, supervisor=supervisor, token=token, scheduler=address,
                              dashboard=dashboard, max_queued=max_queued)
         log(f"service: http://{host}:{port} (OpenAPI at /openapi.json); state {state}; data roots "

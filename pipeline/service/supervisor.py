@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import yaml
 
 from ..progress import utc_now
+from .guard import DataRoots, InputError, PathRefused
 from .status import LOG_NAME, error_from_log, job_counters, train_dir
 from .store import JobStore
 
@@ -52,8 +53,8 @@ def _kill_group(pid: int, sig: int) -> None:
 
 class Supervisor:
     def __init__(self, store: JobStore, state_dir: Path, scheduler: str, max_concurrent: int,
-                 log: Callable[[str], None] = print):
-        self.store, self.state_dir, self.scheduler = store, Path(state_dir), scheduler
+                 log: Callable[[str], None] = print, roots: Optional[DataRoots] = None):
+        self.store, self.state_dir, self.scheduler, self.roots = store, Path(state_dir), scheduler, roots
         self.max_concurrent, self.log = max_concurrent, log
         self.procs: dict[str, subprocess.Popen] = {}
         self.signalled: dict[str, float] = {}
@@ -134,6 +135,13 @@ class Supervisor:
             return
         self.store.bump(job_id, "attempts")
         resume = row["resume_next"] or bool(row["request"].get("resume"))
+        if self.roots is not None:
+            try:
+                self.roots.recheck(row["request"])
+            except (PathRefused, InputError) as e:
+                self.store.update(job_id, state="failed", finished_utc=utc_now(),
+                                  error=f"refused at start (paths changed since the job was accepted): {e}")
+                return
         try:
             argv = self._command(row, resume)
             Path(row["out"]).parent.mkdir(parents=True, exist_ok=True)
