@@ -382,6 +382,10 @@ def test_refuses_a_public_address_without_a_token_and_a_short_token(tmp_path):
     r = subprocess.run([str(BIN / "corpusmill"), "serve", "--state", str(tmp_path / "s"), "--data-root", str(tmp_path)],
                        env={**env, "CORPUSMILL_TOKEN": "short"}, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "at least 16" in r.stderr
+    (tmp_path / "empty-token").write_text("\n")
+    r = subprocess.run([str(BIN / "corpusmill"), "serve", "--state", str(tmp_path / "s"), "--data-root", str(tmp_path),
+                        "--token-file", str(tmp_path / "empty-token")], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "is empty" in r.stderr
     r = subprocess.run([str(BIN / "corpusmill"), "serve", "--help"], capture_output=True, text=True, timeout=60)
     assert "--token" not in r.stdout.replace("--token-file", "")  # no way to pass the token itself as an argument
 

@@ -44,6 +44,8 @@ def load_token(token_file: Optional[str], host: str, state_dir: Path, log: Calla
             token = path.read_text(encoding="utf-8").strip()
         except OSError as e:
             raise ServiceError(f"--token-file {token_file}: cannot read it: {e.strerror}") from None
+        if not token:
+            raise ServiceError(f"--token-file {token_file} is empty")
         if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             log(f"service: warning: {token_file} is readable by others; chmod 600 it")
         source = token_file
