@@ -52,7 +52,9 @@ class Server:
     def start(self) -> "Server":
         args = [str(BIN / "corpusmill"), "serve", "--port", str(self.port), "--state", str(self.state), "--workers", "2",
                 *[a for r in self.roots for a in ("--data-root", str(r))], *self.extra]
-        env = {**os.environ, "CORPUSMILL_TOKEN": self.token}
+        env = {k: v for k, v in os.environ.items() if k != "CORPUSMILL_TOKEN"}
+        if self.token:
+            env["CORPUSMILL_TOKEN"] = self.token
         self.log = open(self.state.parent / f"{self.state.name}-serve.log", "ab")
         self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
@@ -482,3 +484,21 @@ def test_dedup_and_train_jobs(server, data_root, reference_job):
         assert [(s["name"], s["state"]) for s in t["stages"]] == [("train", "done")]
         assert c.get(f"/v1/jobs/{t['id']}/ledger").json()["steps"] == 3
         assert c.get(f"/v1/jobs/{t['id']}/report").status_code == 404
+
+
+def test_the_token_can_come_from_a_file(data_root, tmp_path):
+    """What the Docker image does: --token-file (a compose secret), nothing in the environment."""
+    token_file = data_root / "service-token"  # inside the data root, yet never readable by a job
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    srv = Server(tmp_path / "state", [data_root], "--token-file", str(token_file), token=None).start()
+    try:
+        with srv.client() as c:
+            assert c.get("/v1/jobs").status_code == 200
+            r = c.post("/v1/jobs", json={"kind": "run", "config": {"input": {"paths": [str(token_file)]}}})
+            assert r.status_code == 403 and "belongs to the service" in r.json()["detail"]
+        with srv.client("another-token-0123456789") as c:
+            assert c.get("/v1/jobs").status_code == 401
+    finally:
+        srv.stop()
+        token_file.unlink()

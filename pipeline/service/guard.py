@@ -69,7 +69,7 @@ class DataRoots:
 
     def check(self, key: str, raw: str, real: str, *, allow_root: bool = True) -> str:
         if any(self._within(real, f) for f in self.forbidden):
-            raise PathRefused(key, raw, "is inside the service's state folder")
+            raise PathRefused(key, raw, "belongs to the service (its state folder or token file)")
         inside = [r for r in self.roots if self._within(real, r)]
         if not inside:
             raise PathRefused(key, raw, f"resolves to {real}, outside the data roots ({', '.join(self.roots)})")
