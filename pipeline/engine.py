@@ -70,12 +70,14 @@ class Progress:
         self.start = time.perf_counter()
         self.done = 0
         self._last_decile = -1
+        self._listener = progress_listener.get()
+        if self._listener is not None:
+            self._listener(label, 0, total)
 
     def update(self, n: int = 1) -> None:
         self.done += n
-        listener = progress_listener.get()
-        if listener is not None:
-            listener(self.label, self.done, self.total)
+        if self._listener is not None:
+            self._listener(self.label, self.done, self.total)
         elapsed = time.perf_counter() - self.start
         line = f"  {self.label}: {self.done}/{self.total} tasks, {elapsed:.1f}s"
         if self.tty:
@@ -95,9 +97,6 @@ def run_tasks(client: Client, tasks: list, label: str) -> list:
         return []
     futures = client.compute(tasks)
     progress = Progress(label, len(futures))
-    listener = progress_listener.get()
-    if listener is not None:
-        listener(label, 0, len(futures))
     index = {f.key: i for i, f in enumerate(futures)}
     results: list = [None] * len(futures)
     try:

@@ -116,11 +116,13 @@ class _Session:
 
         self.step = step
 
-        def applied_steps() -> int:
-            """Optimizer steps taken: the schedule's position (a skipped fp16 step does not advance it)."""
-            return int(np.asarray(self.optimizer.global_step.asnumpy()).reshape(-1)[0])
+        def current_lr() -> float:
+            """The rate the next applied step uses: the optimizer's own step indexes the schedule, and a
+            skipped fp16 step does not advance it."""
+            applied = int(np.asarray(self.optimizer.global_step.asnumpy()).reshape(-1)[0])
+            return float(lrs[min(applied, len(lrs) - 1)])
 
-        self.applied_steps = applied_steps
+        self.current_lr = current_lr
         workers = tcfg.num_parallel_workers
         self.worker_rates: dict = {}
         if workers == "auto":
@@ -220,7 +222,7 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
             if step == start_step and not resume:
                 warnings += _diagnose_first_batch(micro[0].asnumpy(), session, tcfg, warmup, log)
             scale_used = session.scaler.scale if session.scaler else None
-            lr_now = float(lrs[min(session.applied_steps(), len(lrs) - 1)])
+            lr_now = session.current_lr()
             loss, norm, overflow = session.step(micro)
             loss_value, norm_value = float(loss.asnumpy()), float(norm.asnumpy())
             t2 = time.perf_counter()
@@ -312,7 +314,7 @@ def lr_find(shards_dir: str, tcfg: Any, steps: int = 60, low: float = 1e-5, high
     raw, smooth, used, avg = [], [], [], None
     for i in range(steps):
         micro = [next(session.batches)[0] for _ in range(tcfg.grad_accumulation)]
-        lr_now = float(lrs[min(session.applied_steps(), steps - 1)])
+        lr_now = session.current_lr()
         loss_t, _, overflow = session.step(micro)
         if overflow:  # a skipped fp16 step says nothing about this learning rate
             continue

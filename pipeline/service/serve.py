@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import secrets
 import socket
@@ -69,37 +68,14 @@ def load_token(token_file: Optional[str], host: str, state_dir: Path, log: Calla
     return token
 
 
-def _start_cluster(scheduler: Optional[str], n_workers: Optional[int], log: Callable[[str], None]):
-    """(scheduler address, dashboard link, closer): the given scheduler, or a LocalCluster shared by all jobs."""
-    import importlib.util
-
-    from distributed import Client, LocalCluster
-
-    if scheduler:
-        try:
-            client = Client(scheduler, timeout="10s")
-        except OSError as e:
-            raise ServiceError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
-        dashboard = client.dashboard_link if client.scheduler_info().get("services", {}).get("dashboard") else None
-        log(f"service: Dask scheduler {scheduler} ({len(client.scheduler_info()['workers'])} workers); "
-            f"dashboard {dashboard or 'not running'}")
-        client.close()
-        return scheduler, dashboard, lambda: None
-    with_dashboard = importlib.util.find_spec("bokeh") is not None
-    cluster = LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                           dashboard_address=":0" if with_dashboard else None, silence_logs=logging.ERROR)
-    dashboard = cluster.dashboard_link if with_dashboard else None
-    log(f"service: LocalCluster {cluster.scheduler_address} with {len(cluster.workers)} worker processes; "
-        f"dashboard {dashboard or 'not available (install bokeh)'}")
-    return cluster.scheduler_address, dashboard, cluster.close
-
-
 def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, scheduler: Optional[str] = None,
           token_file: Optional[str] = None, max_concurrent: int = 1, max_queued: int = 100,
           n_workers: Optional[int] = None, log: Callable[[str], None] = print) -> int:
     """Run the service until SIGINT/SIGTERM; running jobs are stopped and resumed at the next start."""
     import uvicorn
 
+    from ..config import ClusterConfig
+    from ..engine import dask_client
     from .app import ServiceContext, create_app
     from .guard import DataRoots
     from .store import JobStore
@@ -116,16 +92,20 @@ def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, schedu
     if max_concurrent < 1 or max_queued < 1:
         raise ServiceError("--max-concurrent and --max-queued must be at least 1")
     store = JobStore(state)
-    address, dashboard, close_cluster = _start_cluster(scheduler, n_workers, log)
+    # the engine's own cluster set-up: the given scheduler, or one LocalCluster (with its dashboard) for all jobs
+    cluster_cfg = ClusterConfig(address=scheduler, n_workers=n_workers, dashboard=True)
     try:
-        supervisor = Supervisor(store, state, address, max_concurrent, log=log, roots=roots)
-        ctx = ServiceContext(store=store, roots=roots, supervisor=supervisor, token=token, scheduler=address,
-                             dashboard=dashboard, max_queued=max_queued)
-        log(f"service: http://{host}:{port} (OpenAPI at /openapi.json); state {state}; data roots "
-            f"{', '.join(roots.roots)}; {max_concurrent} job(s) at a time, {max_queued} queued at most")
-        sys.stdout.flush()
-        uvicorn.run(create_app(ctx), host=host, port=port, log_level="warning", access_log=False)
+        with dask_client(cluster_cfg, log=log) as client:
+            address = client.scheduler.address
+            dashboard = client.dashboard_link if "dashboard" in client.scheduler_info().get("services", {}) else None
+            supervisor = Supervisor(store, state, address, max_concurrent, log=log, roots=roots)
+            ctx = ServiceContext(store=store, roots=roots, supervisor=supervisor, token=token, scheduler=address,
+                                 dashboard=dashboard, max_queued=max_queued)
+            log(f"service: http://{host}:{port} (OpenAPI at /openapi.json); Dask scheduler {address}, dashboard "
+                f"{dashboard or 'not running'}; state {state}; data roots {', '.join(roots.roots)}; "
+                f"{max_concurrent} job(s) at a time, {max_queued} queued at most")
+            sys.stdout.flush()
+            uvicorn.run(create_app(ctx), host=host, port=port, log_level="warning", access_log=False)
     finally:
-        close_cluster()
         store.close()
     return 0
