@@ -52,7 +52,8 @@ def train_dir(row: dict) -> Path:
 def train_progress(folder: Path, planned_steps: Optional[int]) -> Optional[dict]:
     summary = _read_json(folder / "summary.json")
     if summary:
-        keys = ("steps", "first_loss", "last_loss", "tokens", "tokens_per_s", "data_wait_share", "num_parallel_workers")
+        keys = ("steps", "first_loss", "last_loss", "tokens", "tokens_per_s", "data_wait_share", "num_parallel_workers",
+                "wall_s")
         return {"done": True, "planned_steps": planned_steps, **{k: summary.get(k) for k in keys}}
     last = _last_line(folder / "metrics.jsonl")
     if last is None:
@@ -105,8 +106,8 @@ def job_view(row: dict, dashboard: Optional[str]) -> dict[str, Any]:
         view["train"] = train_progress(train_dir(row), planned_steps)
     if row["kind"] == "train":  # one stage, whose state is the job's
         state = {"queued": "pending", "succeeded": "done", "cancelled": "interrupted"}.get(row["state"], row["state"])
-        summary = _read_json(train_dir(row) / "summary.json")
-        view["stages"] = [{"name": "train", "state": state, "seconds": summary.get("wall_s") if summary else None}]
+        done = view["train"] if view["train"] and view["train"]["done"] else {}
+        view["stages"] = [{"name": "train", "state": state, "seconds": done.get("wall_s")}]
         view["stage"] = "train" if row["state"] == "running" else None
     return view
 
