@@ -47,6 +47,9 @@ class InputConfig(_Section):
         1.0, gt=0, le=1, description="Run on this fraction of the documents (e.g. 0.01 before a full run): chosen by a "
         "seeded hash of each document's uid, so the same documents every time; the report projects full-run figures.")
     sample_seed: int = Field(0, description="Seed of the document sample.")
+    on_error: Literal["quarantine", "fail"] = Field(
+        "quarantine", description="A malformed record or damaged file: quarantine it (with file, line and reason) and "
+        "go on, or stop the run at the first one with the same message (a strict run).")
 
 
 class NormalizeConfig(_Section):
