@@ -285,6 +285,9 @@ class ClusterConfig(_Section):
     threads_per_worker: int = Field(1, gt=0, description="Threads per LocalCluster worker (the work is Python-heavy).")
     memory_limit: str = Field("auto", description="Memory limit per LocalCluster worker (e.g. '4GiB'); 'auto' splits RAM.")
     dashboard: bool = Field(False, description="Start the Dask dashboard (its address is printed).")
+    dashboard_address: str = Field(
+        "127.0.0.1:0", description="Where a LocalCluster's dashboard listens: loopback and a free port by default; "
+        "'0.0.0.0:8787' exposes it (unauthenticated) to the network.")
 
 
 class ModelConfig(_Section):

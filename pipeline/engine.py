@@ -47,7 +47,11 @@ def dask_client(cluster_cfg: Any, client: Optional[Client] = None, log: Log = pr
         threads_per_worker=cluster_cfg.threads_per_worker,
         processes=True,
         memory_limit=cluster_cfg.memory_limit,
-        dashboard_address=":0" if cluster_cfg.dashboard else None,
+        # the scheduler's HTTP server starts even without a dashboard, on 8787 unless told otherwise:
+        # bind it to the configured address (loopback, a free port) so runs never fight over a port
+        host="127.0.0.1",
+        dashboard_address=cluster_cfg.dashboard_address,
+        scheduler_kwargs={"dashboard": bool(cluster_cfg.dashboard)},
         silence_logs=logging.ERROR,
     )
     c = Client(cluster)
