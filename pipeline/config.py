@@ -25,8 +25,48 @@ class ConfigError(ValueError):
         self.keys = list(keys or [])
 
 
+# Upper bounds of sizes and counts, checked when the config is read, before any work: a value past them
+# would only fail (or exhaust memory) hours into a run. Each is well above what a demanding run uses.
+MAX_SEQ_LENGTH = 1 << 20  # 1,048,576 tokens per sample (a sample holds seq_length + 1 int32 ids)
+MAX_VOCAB = 1 << 22  # 4,194,304 ids: 16x the largest vocabularies in use; ids are int32 in pack/MindRecord
+MAX_RANKS = 1 << 16  # 65,536 data-parallel ranks
+MAX_FILES_PER_RANK = 1 << 10  # 1,024 MindRecord files per rank
+MAX_PART_MB = 1 << 14  # 16 GiB of text in one partition (a partition is held in one worker's memory)
+MAX_BLOCK_MB = 1 << 16  # 64 GiB read blocks
+MAX_MEMORY_MB = 1 << 20  # 1 TiB
+MAX_COUNT = (1 << 31) - 1  # thresholds counted in characters, words, documents or lines
+MAX_STEPS = 10 ** 9
+MAX_BATCH = 1 << 20
+MAX_WORKERS = 1 << 10  # worker processes / reader threads
+MAX_NGRAM = 256
+MAX_SEED = (1 << 32) - 1  # numpy's RandomState, MindSpore's and SentencePiece's seeds are uint32
+MAX_SEED64 = (1 << 64) - 1  # xxh3 and numpy's default_rng seeds
+
+
+def _check_text(value: Any) -> Any:
+    """Strings must be valid Unicode: a lone surrogate (JSON "\\ud800") cannot become a path or a field name."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"not valid Unicode text: '{escape_text(item)}' holds a lone surrogate") from None
+    return value
+
+
+def escape_text(text: str) -> str:
+    """`text` with lone surrogates written as \\udXXX escapes, safe to print and to encode as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, v: Any) -> Any:
+        return _check_text(v)
 
 
 class InputConfig(_Section):
@@ -41,12 +81,14 @@ class InputConfig(_Section):
     source_field: Optional[str] = Field(
         "source", description="Field naming the document's source; when absent, the input file's name."
     )
-    block_size_mb: float = Field(64, gt=0, description="Uncompressed JSONL files larger than this are read in parallel blocks.")
-    part_size_mb: float = Field(32, gt=0, description="Target text size of one partition (one Parquet part) between stages.")
+    block_size_mb: float = Field(64, gt=0, le=MAX_BLOCK_MB, description="Uncompressed JSONL files larger than this "
+                                 "are read in parallel blocks (at most 65536).")
+    part_size_mb: float = Field(32, gt=0, le=MAX_PART_MB, description="Target text size of one partition (one Parquet "
+                                "part) between stages (at most 16384: a partition is held in one worker's memory).")
     sample: float = Field(
         1.0, gt=0, le=1, description="Run on this fraction of the documents (e.g. 0.01 before a full run): chosen by a "
         "seeded hash of each document's uid, so the same documents every time; the report projects full-run figures.")
-    sample_seed: int = Field(0, description="Seed of the document sample.")
+    sample_seed: int = Field(0, ge=0, le=MAX_SEED64, description="Seed of the document sample (0 to 2^64-1).")
     on_error: Literal["quarantine", "fail"] = Field(
         "quarantine", description="A malformed record or damaged file: quarantine it (with file, line and reason) and "
         "go on, or stop the run at the first one with the same message (a strict run).")
@@ -67,22 +109,22 @@ class NormalizeConfig(_Section):
 
 
 class LengthFilterConfig(_Section):
-    min_chars: int = Field(20, ge=0, description="Drop documents with fewer non-whitespace characters (reason too_few_chars); "
+    min_chars: int = Field(20, ge=0, le=MAX_COUNT, description="Drop documents with fewer non-whitespace characters (reason too_few_chars); "
                            "a five-character quatrain with its title and poet has about 30.")
     min_words: int = Field(
-        0, ge=0, description="Drop documents with fewer words; each CJK character counts as a word (reason too_few_words)."
+        0, ge=0, le=MAX_COUNT, description="Drop documents with fewer words; each CJK character counts as a word (reason too_few_words)."
     )
-    max_chars: Optional[int] = Field(None, gt=0, description="Drop documents with more characters (reason too_many_chars).")
+    max_chars: Optional[int] = Field(None, gt=0, le=MAX_COUNT, description="Drop documents with more characters (reason too_many_chars).")
 
 
 class GopherQualityConfig(_Section):
     enabled: bool = Field(True, description="Gopher quality rules (Rae et al. 2021), CJK-aware.")
-    min_words: Optional[int] = Field(50, ge=0, description="Non-Chinese documents: fewer words are dropped (gopher_few_words).")
+    min_words: Optional[int] = Field(50, ge=0, le=MAX_COUNT, description="Non-Chinese documents: fewer words are dropped (gopher_few_words).")
     min_cjk_chars: Optional[int] = Field(
-        20, ge=0, description="Chinese documents: fewer CJK characters are dropped (a 5-character quatrain with its "
+        20, ge=0, le=MAX_COUNT, description="Chinese documents: fewer CJK characters are dropped (a 5-character quatrain with its "
         "title has about 26).")
     max_words: Optional[int] = Field(
-        None, gt=0, description="More words (CJK characters count as words) are dropped; Gopher used 100000 for web "
+        None, gt=0, le=MAX_COUNT, description="More words (CJK characters count as words) are dropped; Gopher used 100000 for web "
         "pages, but whole books exceed it, so null (off) by default.")
     min_mean_word_length: Optional[float] = Field(3, ge=0, description="Non-Chinese documents only.")
     max_mean_word_length: Optional[float] = Field(10, gt=0, description="Non-Chinese documents only.")
@@ -92,12 +134,12 @@ class GopherQualityConfig(_Section):
     min_alpha_word_share: Optional[float] = Field(0.8, ge=0, le=1, description="Non-Chinese: share of words with a letter.")
     min_alpha_share_zh: Optional[float] = Field(
         0.6, ge=0, le=1, description="Chinese: share of letters among non-space characters (verse is up to a third punctuation).")
-    min_stop_words: Optional[int] = Field(2, ge=0, description="English stop words (the, be, to, of, and, that, have, with).")
+    min_stop_words: Optional[int] = Field(2, ge=0, le=MAX_COUNT, description="English stop words (the, be, to, of, and, that, have, with).")
     min_stop_words_zh: Optional[int] = Field(
-        None, ge=0, description="Chinese function characters (的 了 是 在 不 有 之 也 而 其 以 于 为 一 无 与 ...), checked "
+        None, ge=0, le=MAX_COUNT, description="Chinese function characters (的 了 是 在 不 有 之 也 而 其 以 于 为 一 无 与 ...), checked "
         "only in documents of at least stop_words_zh_min_chars CJK characters. Null (report only) by default: "
         "classical ci and qu poems of 100+ characters can have none.")
-    stop_words_zh_min_chars: int = Field(100, ge=0)
+    stop_words_zh_min_chars: int = Field(100, ge=0, le=MAX_COUNT)
 
 
 class GopherRepetitionConfig(_Section):
@@ -115,7 +157,7 @@ class GopherRepetitionConfig(_Section):
     max_dup_8gram_share: Optional[float] = Field(0.12, ge=0, le=1)
     max_dup_9gram_share: Optional[float] = Field(0.11, ge=0, le=1)
     max_dup_10gram_share: Optional[float] = Field(0.10, ge=0, le=1)
-    cjk_ngram_scale: int = Field(2, gt=0, description="Chinese n-grams are n x this many characters (a word is about two).")
+    cjk_ngram_scale: int = Field(2, gt=0, le=16, description="Chinese n-grams are n x this many characters (a word is about two).")
     cjk_threshold_scale: float = Field(
         2.5, ge=1, description="Chinese documents: the n-gram thresholds times this (capped at 1). Chinese legal and "
         "technical prose repeats long noun phrases, and verse repeats lines on purpose (叠句).")
@@ -127,8 +169,8 @@ class C4LinesConfig(_Section):
         0.12, ge=0, le=1, description="Share of lines ending in terminal punctuation (. ! ? 。 ！ ？ … and closing quotes).")
     terminal_punctuation_for_zh: bool = Field(
         False, description="Apply the terminal-punctuation rule to Chinese documents too (off: verse lines often end without).")
-    short_line_chars: int = Field(30, gt=0, description="A non-Chinese line this long or shorter is short.")
-    short_line_chars_cjk: int = Field(5, gt=0, description="A line of a Chinese document this long or shorter is short.")
+    short_line_chars: int = Field(30, gt=0, le=MAX_COUNT, description="A non-Chinese line this long or shorter is short.")
+    short_line_chars_cjk: int = Field(5, gt=0, le=MAX_COUNT, description="A line of a Chinese document this long or shorter is short.")
     max_short_line_share: Optional[float] = Field(0.67, ge=0, le=1, description="Share of short lines (navigation, menus).")
     lorem_ipsum: bool = Field(True, description="Drop documents containing 'lorem ipsum'.")
     max_boilerplate_line_share: Optional[float] = Field(
@@ -139,7 +181,7 @@ class ChineseConfig(_Section):
     enabled: bool = Field(True, description="Rules for garbled and degenerate text; most matter for Chinese.")
     max_garbled_share: Optional[float] = Field(
         0.01, ge=0, le=1, description="Replacement, private-use and C1 control characters and mojibake, per non-space character.")
-    max_char_run: Optional[int] = Field(16, gt=0, description="Longest run of one repeated letter (哈哈哈..., aaaa...).")
+    max_char_run: Optional[int] = Field(16, gt=0, le=MAX_COUNT, description="Longest run of one repeated letter (哈哈哈..., aaaa...).")
     max_punct_density: Optional[float] = Field(0.5, ge=0, le=1, description="Punctuation and symbols per non-space character.")
     min_cjk_share: Optional[float] = Field(None, ge=0, le=1, description="Chinese documents: CJK share of letters (null: report only).")
     max_traditional_share: Optional[float] = Field(
@@ -156,9 +198,9 @@ class ScriptConfig(_Section):
 class BoilerplateLinesConfig(_Section):
     enabled: bool = Field(True, description="Remove lines that recur in many documents of the same source (headers, "
                           "licence banners, navigation), counted across the corpus.")
-    min_docs: int = Field(10, ge=2, description="A line must appear in at least this many documents of its source...")
+    min_docs: int = Field(10, ge=2, le=MAX_COUNT, description="A line must appear in at least this many documents of its source...")
     min_doc_share: float = Field(0.05, ge=0, le=1, description="...and in at least this share of the source's documents.")
-    min_width: int = Field(6, ge=1, description="Lines narrower than this (a CJK character is 2 wide) are never removed.")
+    min_width: int = Field(6, ge=1, le=MAX_COUNT, description="Lines narrower than this (a CJK character is 2 wide) are never removed.")
 
 
 class FilterConfig(_Section):
@@ -184,24 +226,24 @@ class ShinglingConfig(_Section):
 class MinHashConfig(_Section):
     enabled: bool = Field(True, description="Find near duplicates with MinHash LSH.")
     threshold: float = Field(0.8, gt=0, le=1, description="Jaccard similarity at which two documents are duplicates.")
-    num_perm: int = Field(128, gt=0, description="Permutations per signature.")
+    num_perm: int = Field(128, gt=0, le=4096, description="Permutations per signature (at most 4096).")
     bands: Optional[int] = Field(
-        None, gt=0, description="LSH bands; null = datasketch's optimum for the threshold (recall-weighted when verify is on)."
+        None, gt=0, le=4096, description="LSH bands; null = datasketch's optimum for the threshold (recall-weighted when verify is on)."
     )
-    rows: Optional[int] = Field(None, gt=0, description="Rows per band; null = datasketch's optimum for the threshold.")
-    word_ngram: int = Field(5, gt=0, description="Shingle size in words, for space-delimited text.")
-    char_ngram: int = Field(5, gt=0, description="Shingle size in characters, for CJK text.")
-    seed: int = Field(1, description="Permutation seed (as datasketch.MinHash's seed).")
+    rows: Optional[int] = Field(None, gt=0, le=4096, description="Rows per band; null = datasketch's optimum for the threshold.")
+    word_ngram: int = Field(5, gt=0, le=MAX_NGRAM, description="Shingle size in words, for space-delimited text.")
+    char_ngram: int = Field(5, gt=0, le=MAX_NGRAM, description="Shingle size in characters, for CJK text.")
+    seed: int = Field(1, ge=0, le=MAX_SEED, description="Permutation seed (as datasketch.MinHash's seed; 0 to 2^32-1).")
     verify: bool = Field(True, description="Keep a candidate pair only if its signatures agree on >= threshold of values.")
 
 
 class SimHashConfig(_Section):
     enabled: bool = Field(False, description="Find near duplicates with 64-bit SimHash.")
     max_distance: int = Field(3, ge=0, le=15, description="Largest Hamming distance counted as a duplicate (k).")
-    word_ngram: int = Field(3, gt=0, description="Feature size in words, for space-delimited text.")
-    char_ngram: int = Field(3, gt=0, description="Feature size in characters, for CJK text.")
-    max_bucket: int = Field(1000, gt=1, description="Distinct fingerprints a bucket compares all-pairs; larger ones use a window.")
-    window: int = Field(64, gt=0, description="Sorted neighbours compared in an oversized bucket.")
+    word_ngram: int = Field(3, gt=0, le=MAX_NGRAM, description="Feature size in words, for space-delimited text.")
+    char_ngram: int = Field(3, gt=0, le=MAX_NGRAM, description="Feature size in characters, for CJK text.")
+    max_bucket: int = Field(1000, gt=1, le=MAX_COUNT, description="Distinct fingerprints a bucket compares all-pairs; larger ones use a window.")
+    window: int = Field(64, gt=0, le=1 << 16, description="Sorted neighbours compared in an oversized bucket.")
 
 
 class DedupConfig(_Section):
@@ -215,7 +257,7 @@ class DedupConfig(_Section):
     keep_field: Optional[str] = Field(None, description="With keep: field, the input field compared (e.g. a date).")
     keep_order: Literal["max", "min"] = Field("max", description="With keep: field, keep the largest (newest) or smallest value.")
     components_memory_mb: int = Field(
-        512, ge=0, description="Connected components run in memory below this edge-list size, distributed on Dask above."
+        512, ge=0, le=MAX_MEMORY_MB, description="Connected components run in memory below this edge-list size, distributed on Dask above."
     )
 
     @model_validator(mode="after")
@@ -226,16 +268,17 @@ class DedupConfig(_Section):
 
 
 class TokenizerTrainConfig(_Section):
-    vocab_size: int = Field(8000, ge=300, description="Vocabulary size of a tokenizer trained for this run.")
+    vocab_size: int = Field(8000, ge=300, le=MAX_VOCAB, description="Vocabulary size of a tokenizer trained for this "
+                            "run (at most 4194304 = 2^22; ids are stored as int32).")
     model_type: Literal["bpe", "unigram"] = Field("bpe", description="SentencePiece model type.")
-    sample_docs: int = Field(20000, gt=0, description="Documents sampled (deterministically, by uid hash) to train on.")
-    max_sample_mb: int = Field(64, gt=0, description="Cap on the text given to the trainer.")
+    sample_docs: int = Field(20000, gt=0, le=MAX_COUNT, description="Documents sampled (deterministically, by uid hash) to train on.")
+    max_sample_mb: int = Field(64, gt=0, le=MAX_PART_MB, description="Cap on the text given to the trainer (at most 16384).")
     character_coverage: float = Field(0.9995, gt=0, le=1, description="Share of characters covered; 0.9995 suits Chinese.")
     byte_fallback: bool = Field(True, description="Unknown characters become UTF-8 byte tokens instead of <unk>.")
     user_symbols: list[str] = Field(
         default_factory=list, description="Extra special tokens kept whole (e.g. chat markers); ids follow unk/bos/eos/pad."
     )
-    seed: int = Field(0, description="Seed of the document sample.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of the document sample (0 to 2^32-1).")
 
 
 class TokenizerConfig(_Section):
@@ -244,16 +287,17 @@ class TokenizerConfig(_Section):
     add_bos: bool = Field(False, description="Prepend BOS to every document.")
     add_eos: bool = Field(True, description="Append EOS to every document (needed to rebuild document boundaries).")
     pad_id: Optional[int] = Field(
-        None, ge=0, description="Pad id; null takes the model's pad, else its unk id (recorded in the manifest)."
+        None, ge=0, lt=MAX_VOCAB, description="Pad id; null takes the model's pad, else its unk id (recorded in the manifest)."
     )
-    batch_docs: int = Field(512, gt=0, description="Documents per native encode call.")
+    batch_docs: int = Field(512, gt=0, le=1 << 20, description="Documents per native encode call.")
     max_unk_rate: float = Field(
         0.01, ge=0, le=1, description="Refuse the tokenizer when more of a sample's tokens than this are <unk>."
     )
 
 
 class PackConfig(_Section):
-    seq_length: int = Field(2048, gt=0, description="Model sequence length; each sample holds seq_length + 1 ids.")
+    seq_length: int = Field(2048, gt=0, le=MAX_SEQ_LENGTH, description="Model sequence length; each sample holds "
+                            "seq_length + 1 ids (at most 1048576 = 2^20).")
     mode: Literal["concat", "pad", "best_fit"] = Field(
         "concat", description="concat: join documents and cut windows; pad: one document per sample (truncated or "
         "padded, with labels); best_fit: best-fit-decreasing bin packing so fewer documents are cut (padded, with labels)."
@@ -267,22 +311,25 @@ class ShardConfig(_Section):
     layout: Literal["per_rank", "global"] = Field(
         "per_rank", description="per_rank: a folder and distinct file prefix per data-parallel rank; global: one set "
         "corpus.mindrecordNN that MindDataset(num_shards=ranks, shard_id=rank) splits (stock mindformers).")
-    ranks: int = Field(1, gt=0, description="Data-parallel ranks; every rank gets exactly the same number of samples.")
-    files_per_rank: int = Field(1, gt=0, description="MindRecord files per rank (global: ranks x files_per_rank files in all).")
+    ranks: int = Field(1, gt=0, le=MAX_RANKS, description="Data-parallel ranks; every rank gets exactly the same "
+                       "number of samples (at most 65536).")
+    files_per_rank: int = Field(1, gt=0, le=MAX_FILES_PER_RANK, description="MindRecord files per rank (global: ranks "
+                                "x files_per_rank files in all; at most 1024).")
     remainder: Literal["drop", "pad"] = Field(
         "drop", description="Samples that do not divide evenly by ranks: drop them, or pad the ranks with copies of "
         "the first shuffled samples (as distributed samplers do). Both are counted in the manifest.")
-    seed: int = Field(0, description="Seed of the global sample shuffle.")
+    seed: int = Field(0, ge=0, le=MAX_SEED64, description="Seed of the global sample shuffle (0 to 2^64-1).")
     verify: Literal["count", "full"] = Field(
         "count", description="Check each file as it is written: count its samples through MindDataset (FileWriter "
         "silently drops rows), or full: also read and hash every sample. `corpusmill shards verify` always does full.")
-    write_batch: int = Field(1000, ge=1000, description="Rows per FileWriter.write_raw_data call (at least 1000: fewer, larger calls write faster).")
+    write_batch: int = Field(1000, ge=1000, le=1 << 20, description="Rows per FileWriter.write_raw_data call (at least 1000: fewer, larger calls write faster).")
 
 
 class ClusterConfig(_Section):
     address: Optional[str] = Field(None, description="Dask scheduler address (tcp://host:8786); null starts a LocalCluster.")
-    n_workers: Optional[int] = Field(None, gt=0, description="LocalCluster worker processes; null = CPU count.")
-    threads_per_worker: int = Field(1, gt=0, description="Threads per LocalCluster worker (the work is Python-heavy).")
+    n_workers: Optional[int] = Field(None, gt=0, le=MAX_WORKERS, description="LocalCluster worker processes; null = "
+                                     "CPU count (at most 1024).")
+    threads_per_worker: int = Field(1, gt=0, le=256, description="Threads per LocalCluster worker (the work is Python-heavy).")
     memory_limit: str = Field("auto", description="Memory limit per LocalCluster worker (e.g. '4GiB'); 'auto' splits RAM.")
     dashboard: bool = Field(False, description="Start the Dask dashboard (its address is printed).")
     dashboard_address: str = Field(
@@ -291,25 +338,27 @@ class ClusterConfig(_Section):
 
 
 class ModelConfig(_Section):
-    vocab_size: Optional[int] = Field(None, gt=0, description="Embedding rows; null takes the shards' vocab size.")
-    seq_length: Optional[int] = Field(None, gt=0, description="Null takes the shards' seq_length.")
-    hidden_size: int = Field(64, gt=0)
-    num_layers: int = Field(2, gt=0)
-    num_heads: int = Field(4, gt=0)
-    intermediate_size: Optional[int] = Field(None, gt=0, description="SwiGLU width; null = 8/3 hidden rounded to 32.")
+    vocab_size: Optional[int] = Field(None, gt=0, le=MAX_VOCAB, description="Embedding rows; null takes the shards' "
+                                      "vocab size (at most 4194304).")
+    seq_length: Optional[int] = Field(None, gt=0, le=MAX_SEQ_LENGTH, description="Null takes the shards' seq_length "
+                                      "(at most 1048576).")
+    hidden_size: int = Field(64, gt=0, le=1 << 16, description="At most 65536.")
+    num_layers: int = Field(2, gt=0, le=1024, description="At most 1024.")
+    num_heads: int = Field(4, gt=0, le=1024, description="At most 1024.")
+    intermediate_size: Optional[int] = Field(None, gt=0, le=1 << 18, description="SwiGLU width; null = 8/3 hidden rounded to 32.")
 
 
 class TrainConfig(_Section):
     enabled: bool = Field(False, description="Train after the shards are written (corpusmill run).")
-    steps: int = Field(30, gt=0)
-    batch_size: int = Field(8, gt=0)
-    lr: float = Field(3e-3, gt=0, description="Peak learning rate.")
+    steps: int = Field(30, gt=0, le=MAX_STEPS, description="Optimizer steps (at most 10^9).")
+    batch_size: int = Field(8, gt=0, le=MAX_BATCH, description="Samples per micro-batch (at most 1048576).")
+    lr: float = Field(3e-3, gt=0, le=100, description="Peak learning rate.")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine floor as a fraction of lr.")
-    warmup_steps: Optional[int] = Field(None, ge=0, description="Null = 2% of steps (at least 1).")
+    warmup_steps: Optional[int] = Field(None, ge=0, le=MAX_STEPS, description="Null = 2% of steps (at least 1).")
     weight_decay: float = Field(0.1, ge=0)
     grad_clip: float = Field(1.0, gt=0)
-    seed: int = 0
-    rank: int = Field(0, ge=0, description="Which rank's files this process reads.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="MindSpore's seed (0 to 2^32-1).")
+    rank: int = Field(0, ge=0, lt=MAX_RANKS, description="Which rank's files this process reads.")
     num_parallel_workers: Union[Literal["auto"], int] = Field(
         "auto", description="MindDataset reader threads (at most the CPU count), or auto: measured at start-up for "
         "candidate counts, the fastest chosen, cached per shard set and machine.")
@@ -318,23 +367,23 @@ class TrainConfig(_Section):
                             "keeping them: less memory for about a third more compute.")
     profile_steps: Optional[tuple[int, int]] = Field(
         None, description="[first, last] step of a mindspore.Profiler window; the trace goes to OUT/profile.")
-    grad_accumulation: int = Field(1, gt=0, description="Micro-batches summed (fp32) per optimizer step; a warning above 8.")
+    grad_accumulation: int = Field(1, gt=0, le=1 << 16, description="Micro-batches summed (fp32) per optimizer step; a warning above 8.")
     precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32", description="Compute dtype of the matrix products: fp16 uses dynamic loss scaling (overflowed steps "
         "skipped and counted); bf16 needs a device with bf16 kernels (Ascend, not CPU). Parameters, norms, the "
         "attention softmax and the loss stay fp32.")
-    loss_scale: float = Field(2.0 ** 16, gt=0, description="fp16: the initial loss scale.")
-    loss_scale_window: int = Field(1000, gt=0, description="fp16: finite steps in a row before the loss scale doubles.")
-    checkpoint_every: Optional[int] = Field(None, gt=0, description="Write an atomic checkpoint every N steps (and at "
+    loss_scale: float = Field(2.0 ** 16, gt=0, le=2.0 ** 64, description="fp16: the initial loss scale.")
+    loss_scale_window: int = Field(1000, gt=0, le=MAX_STEPS, description="fp16: finite steps in a row before the loss scale doubles.")
+    checkpoint_every: Optional[int] = Field(None, gt=0, le=MAX_STEPS, description="Write an atomic checkpoint every N steps (and at "
                                             "the end); `corpusmill train --resume` continues from the newest.")
-    keep_checkpoints: int = Field(2, gt=0, description="Checkpoints kept (the newest).")
+    keep_checkpoints: int = Field(2, gt=0, le=10000, description="Checkpoints kept (the newest).")
     model: ModelConfig = Field(default_factory=ModelConfig)
 
     @field_validator("num_parallel_workers")
     @classmethod
     def _positive_workers(cls, v):
-        if v != "auto" and (isinstance(v, bool) or v < 1):
-            raise ValueError("must be a positive integer or 'auto'")
+        if v != "auto" and (isinstance(v, bool) or v < 1 or v > MAX_WORKERS):
+            raise ValueError(f"must be an integer from 1 to {MAX_WORKERS}, or 'auto'")
         return v
 
 
@@ -390,13 +439,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
+        key = escape_text(".".join(str(p) for p in e["loc"]))
         if e["type"] == "extra_forbidden":
             parent = _model_at(Config, e["loc"][:-1])
             allowed = ", ".join(parent.model_fields) if parent else "?"
             lines.append(f"  unknown key '{key}'; allowed here: {allowed}")
         else:
-            lines.append(f"  '{key}': {e['msg']} (got {e.get('input')!r})")
+            got = repr(e.get("input"))
+            got = got if len(got) <= 200 else got[:200] + "..."
+            lines.append(f"  '{key}': {escape_text(e['msg'])} (got {got})")
     return "\n".join(lines)
 
 
@@ -467,7 +518,7 @@ def parse_config(data: Union[dict, None], source: str = "<dict>") -> Config:
     try:
         cfg = Config.model_validate(data)
     except ValidationError as err:
-        keys = [".".join(str(p) for p in e["loc"]) for e in err.errors()]
+        keys = [escape_text(".".join(str(p) for p in e["loc"])) for e in err.errors()]
         raise ConfigError(_format_validation_error(err, source), keys) from None
     cfg.migration_notes = notes
     return cfg
