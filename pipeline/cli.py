@@ -155,6 +155,9 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--scheduler", metavar="ADDRESS", help="run jobs on this Dask scheduler (tcp://HOST:8786) "
                      "instead of a LocalCluster the service starts")
     srv.add_argument("--workers", type=int, help="LocalCluster worker processes (default: the CPU count)")
+    srv.add_argument("--dashboard-address", default="127.0.0.1:0", metavar="HOST:PORT",
+                     help="where the LocalCluster's Dask dashboard listens (default 127.0.0.1:0: loopback, a free port; "
+                     "it has no authentication)")
     srv.add_argument("--token-file", help="file holding the bearer token (when $CORPUSMILL_TOKEN is unset)")
     srv.add_argument("--max-concurrent", type=int, default=1, help="jobs running at once (default 1)")
     srv.add_argument("--max-queued", type=int, default=100, help="jobs waiting at most; more get 429 (default 100)")
@@ -480,7 +483,8 @@ def _cmd_serve(args) -> int:
     from .service.serve import serve
 
     return serve(args.host, args.port, args.state, args.data_root, scheduler=args.scheduler, token_file=args.token_file,
-                 max_concurrent=args.max_concurrent, max_queued=args.max_queued, n_workers=args.workers, log=_log)
+                 max_concurrent=args.max_concurrent, max_queued=args.max_queued, n_workers=args.workers,
+                 dashboard_address=args.dashboard_address, log=_log)
 
 
 def _cmd_train(args) -> int:
