@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stages.base import DOC_SCHEMA, REMOVED_SCHEMA, BatchResult, read_rows, read_table, write_table_atomic
+from stages.base import DOC_SCHEMA, REMOVED_SCHEMA, BatchResult, read_rows, read_table, write_table_atomic, write_text_atomic
 
 
 def _as_table(data: Any, schema: pa.Schema) -> pa.Table:
@@ -73,37 +73,83 @@ def sample_part(path: str, seed: int, rate: float, max_chars: int, first_row_gro
     return out
 
 
-def export_kept_part(path: str, out_dir: str, fmt: str, text_field: str, id_field, source_field) -> int:
-    """Write kept documents with the input's own fields: id, text, source and the other fields from meta."""
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int" if -(1 << 63) <= value < (1 << 63) else "bigint"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    return "list" if isinstance(value, list) else "dict"
+
+
+def kept_field_kinds(path: str) -> dict[str, list[str]]:
+    """The JSON kinds each extra input field takes in one part (the first pass of a Parquet export:
+    the column types of kept/ are decided over all parts, so every file has the same schema)."""
     import json
-    import os
+
+    kinds: dict[str, set] = {}
+    for m in pq.read_table(path, columns=["meta"]).column("meta").to_pylist():
+        if m:
+            for name, value in json.loads(m).items():
+                kinds.setdefault(name, set()).add(_json_kind(value))
+    return {name: sorted(k) for name, k in kinds.items()}
+
+
+_ARROW_OF_KINDS = {frozenset({"str"}): pa.string(), frozenset({"int"}): pa.int64(), frozenset({"float"}): pa.float64(),
+                   frozenset({"int", "float"}): pa.float64(), frozenset({"bool"}): pa.bool_()}
+
+
+def kept_field_types(kinds: dict[str, set]) -> dict[str, str]:
+    """One Parquet type per extra field: its own type when every document agrees (nulls allowed),
+    otherwise `json` (the value as JSON text), so a field whose type changes is kept, never dropped."""
+    types = {}
+    for name, k in sorted(kinds.items()):
+        arrow = _ARROW_OF_KINDS.get(frozenset(set(k) - {"null"}))
+        types[name] = str(arrow) if arrow is not None else ("string" if set(k) == {"null"} else "json")
+    return types
+
+
+def export_kept_part(path: str, out_dir: str, fmt: str, text_field: str, id_field: Optional[str],
+                     source_field: Optional[str], field_types: Optional[dict[str, str]] = None) -> int:
+    """Write kept documents with every field the input gave them: id, text, source and each other
+    field from meta. JSONL keeps every value as the input had it; Parquet uses `field_types`
+    (from `kept_field_types`) so every part has the same schema."""
+    import json
 
     table = pq.read_table(path)
-    cols = {}
+    fixed: dict[str, pa.Array] = {}
     if id_field:
-        cols[id_field] = table.column("id")
-    cols[text_field] = table.column("text")
+        fixed[id_field] = table.column("id")
+    fixed[text_field] = table.column("text")
     if source_field:
-        cols[source_field] = table.column("source")
-    out = pa.table(cols)
-    metas = table.column("meta")
-    if metas.null_count < len(metas):  # other input fields: parse once per document
-        extra = pa.Table.from_pylist([json.loads(m) if m else {} for m in metas.to_pylist()])
-        for name in extra.column_names:
-            if name not in out.column_names:
-                out = out.append_column(name, extra.column(name))
-    os.makedirs(out_dir, exist_ok=True)
+        fixed[source_field] = table.column("source")
+    metas = [json.loads(m) if m else {} for m in table.column("meta").to_pylist()]
     stem = Path(path).stem
     if fmt == "jsonl":
-        target = Path(out_dir) / f"{stem}.jsonl"
-        tmp = target.with_name(f".{target.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for rec in out.to_pylist():
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        os.replace(tmp, target)
-    else:
-        write_table_atomic(out, Path(out_dir) / f"{stem}.parquet")
-    return out.num_rows
+        columns = {name: col.to_pylist() for name, col in fixed.items()}
+        lines = []
+        for i, meta in enumerate(metas):
+            rec = {name: values[i] for name, values in columns.items()}
+            rec.update((k, v) for k, v in meta.items() if k not in rec)
+            lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
+        write_text_atomic(Path(out_dir) / f"{stem}.jsonl", "".join(lines))
+        return len(metas)
+    arrays = dict(fixed)
+    for name, kind in (field_types or {}).items():
+        if name in arrays:
+            continue
+        values = [m.get(name) for m in metas]
+        if kind == "json":
+            arrays[name] = pa.array([None if v is None else json.dumps(v, ensure_ascii=False) for v in values], pa.string())
+        else:
+            arrays[name] = pa.array(values, type=pa.type_for_alias(kind))
+    write_table_atomic(pa.table(arrays), Path(out_dir) / f"{stem}.parquet")
+    return table.num_rows
 
 
 REMOVED_EXPORT_COLUMNS = ["uid", "id", "source", "reason", "duplicate_of", "duplicate_of_uid", "cluster_id",

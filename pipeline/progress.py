@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from stages.base import write_bytes_atomic
+
 PROGRESS_FILE = "progress.json"
 _MIN_INTERVAL_S = 0.5
 
@@ -85,9 +87,21 @@ class RunProgress:
 
     def _write(self) -> None:
         self.doc["updated_utc"] = utc_now()
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.doc, indent=1, ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, self.path)
+        data = json.dumps(self.doc, indent=1, ensure_ascii=False).encode("utf-8")
+        try:
+            write_bytes_atomic(self.path, data)
+        except OSError:
+            # a full disk has no room for a second copy: the run's end state still has to be told, so
+            # rewrite the file in place (truncating frees its blocks first); a reader may then see a
+            # half-written file for a moment, which read_progress treats as no progress yet
+            if self.doc["state"] == "running":
+                return
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+            except OSError:
+                return
         self._last_write = time.perf_counter()
 
 

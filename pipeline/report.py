@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from stages.base import write_text_atomic
+
 
 def _pct(n: int, total: int) -> str:
     return f"{100 * n / total:.1f}%" if total else "-"
@@ -177,6 +179,6 @@ def write_report(out: Path, ledger: dict, stats: dict, extra: dict, seconds: dic
 
     text = render_report(ledger, stats, extra, seconds, train)
     path = Path(out) / "report.md"
-    path.write_text(text, encoding="utf-8")
-    (Path(out) / "report.html").write_text(render_html(text, extra), encoding="utf-8")
+    write_text_atomic(path, text)
+    write_text_atomic(Path(out) / "report.html", render_html(text, extra))
     return path

@@ -7,6 +7,7 @@ quarantined, per stage and overall.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -30,12 +31,13 @@ from stages import (
     tokenize,
 )
 from stages.shingles import ShingleSpec
-from stages.base import merge_stats, write_table_atomic
+from stages.base import merge_stats, write_json_atomic, write_table_atomic, write_text_atomic
 
 from . import __version__
 from .config import Config
 from .engine import dask_client, progress_listener, run_tasks
-from .executor import export_kept_part, export_removed_part, run_batch_part, sample_part
+from .executor import (export_kept_part, export_removed_part, kept_field_kinds, kept_field_types, run_batch_part,
+                       sample_part)
 from .ledger import build_ledger, project_full_run
 from .progress import RunProgress
 from .report import write_report
@@ -67,10 +69,38 @@ def _utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _write_json_atomic(path: Path, payload: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+def free_space(path: Path) -> str:
+    """Free space on the disk holding `path` (or its nearest existing parent), for error messages."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return f"{shutil.disk_usage(p).free / 2**20:,.0f} MiB"
+    except OSError:
+        return "unknown"
+
+
+def disk_nearly_full(path: Path, min_free: int = 64 << 20) -> bool:
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free < min_free
+    except OSError:
+        return False
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def os_error_message(stage: str, e: OSError, folder: Path) -> str:
+    """One line for an OS error in a stage: what failed, the path, and the free space there."""
+    path = e.filename or folder
+    what = e.strerror or first_line(e)
+    code = f" [{errno.errorcode[e.errno]}]" if e.errno in errno.errorcode else ""
+    return f"stage {stage}: {what}{code}: {path} ({free_space(Path(os.fsdecode(path)))} free there)"
 
 
 @dataclass
@@ -126,7 +156,18 @@ class Pipeline:
         folder.mkdir(parents=True)
         self._progress("stage_started", name)
         start = time.perf_counter()
-        stats = body(folder)
+        try:
+            stats = body(folder)
+        except OSError as e:
+            raise PipelineError(os_error_message(name, e, folder)) from None
+        except (PipelineError, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            # MindSpore's writer and Arrow wrap a full disk in their own errors: name it when it is the cause
+            if disk_nearly_full(folder):
+                raise PipelineError(f"stage {name}: no space left on device: {folder} ({free_space(folder)} free "
+                                    f"there); the step failed with {type(e).__name__}: {first_line(e)}") from None
+            raise
         seconds = time.perf_counter() - start
         self.stats[name], self.seconds[name] = stats, seconds
         marker = {
@@ -137,7 +178,7 @@ class Pipeline:
             "seconds": seconds,
             "finished_utc": _utc_now(),
         }
-        _write_json_atomic(marker_path, marker)
+        write_json_atomic(marker_path, marker)
         self._progress("stage_finished", name, seconds)
         self.log(f"[{name}] {summary(stats)} in {seconds:.1f}s")
         return stats
@@ -191,7 +232,10 @@ class Pipeline:
         self.progress = RunProgress(self.out, self.job, self.planned_stages())
         token = progress_listener.set(self.progress.tasks)
         try:
-            result = self._run()
+            try:
+                result = self._run()
+            except OSError as e:  # outside a stage body: the run directory's own files
+                raise PipelineError(os_error_message(self.progress.doc.get("stage") or "setup", e, self.out)) from None
         except KeyboardInterrupt:
             self.progress.finished(error="interrupted", interrupted=True)
             raise
@@ -205,7 +249,7 @@ class Pipeline:
 
     def _run(self) -> RunResult:
         cfg = self.cfg
-        (self.out / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+        write_text_atomic(self.out / "config.yaml", cfg.to_yaml())
         started = time.perf_counter()
         self._preflight()
         files = read.expand_inputs(cfg.input.paths)
@@ -227,30 +271,24 @@ class Pipeline:
             else:
                 self.doc_stages += ["normalize", "filter"]
                 h = cfg.section_hash("normalize", extra=h)
-                self._stage("normalize", h, lambda d: self._map("read", d, normalize.normalize_batch, cfg.normalize.model_dump())[0],
-                            _docs_summary)
+                self._stage("normalize", h, self._skip_if_empty(
+                    "read", lambda d: self._map("read", d, normalize.normalize_batch, cfg.normalize.model_dump())[0]),
+                    _docs_summary)
                 normalized = h
                 h = cfg.section_hash("filter", extra=h)
-                self._stage("filter", h, lambda d: self._filter(d, normalized), _docs_summary)
+                self._stage("filter", h, self._skip_if_empty("normalize", lambda d: self._filter(d, normalized)),
+                            _docs_summary)
                 last, h = self._dedup_stages("filter", h, normalize_opts=None)
                 build_ledger(self.stats, self.doc_stages)  # checked before the long tokenizer work starts
+                if not self.stats[last]["docs_out"]:
+                    self._finish_empty(started)
                 h = cfg.section_hash("tokenizer", extra=[h, cfg.train.model.vocab_size])
                 self._stage("tokenize", h, lambda d: self._tokenize(d, last), _token_summary)
                 h = cfg.section_hash("pack", extra=h)
                 self._stage("pack", h, self._pack, _pack_summary)
                 h = cfg.section_hash("shard", extra=h)
                 self._stage("shard", h, lambda d: self._shard(d, h), _shard_summary)
-        ledger = build_ledger(self.stats, self.doc_stages)
-        ledger["run"] = {
-            "corpusmill_version": __version__,
-            "finished_utc": _utc_now(),
-            "wall_s": time.perf_counter() - started,
-            "seconds_per_stage": self.seconds,
-            "resumed_stages": self.skipped,
-        }
-        if cfg.input.sample < 1.0:
-            ledger["sample"] = project_full_run(ledger, self.stats, cfg.input.sample, cfg.input.sample_seed,
-                                                n_workers=self.n_workers)
+        ledger = self._final_ledger(started)
         train_summary = None
         if cfg.train.enabled and self.job == "run":
             from trainer.train import train
@@ -261,9 +299,44 @@ class Pipeline:
             train_summary = train(str(self.stage_dir("shard")), str(self.out / "train"), cfg.train, log=self.log)
             self._progress("stage_finished", "train", time.perf_counter() - t0)
             ledger["run"]["wall_s"] = time.perf_counter() - started
-        _write_json_atomic(self.out / "ledger.json", ledger)
+        write_json_atomic(self.out / "ledger.json", ledger)
         write_report(self.out, ledger, self.stats, self.extra, self.seconds, train_summary)
         return RunResult(self.out, ledger, self.stats, train_summary, self.skipped)
+
+    def _final_ledger(self, started: float) -> dict:
+        ledger = build_ledger(self.stats, self.doc_stages)
+        ledger["run"] = {
+            "corpusmill_version": __version__,
+            "finished_utc": _utc_now(),
+            "wall_s": time.perf_counter() - started,
+            "seconds_per_stage": self.seconds,
+            "resumed_stages": self.skipped,
+        }
+        if self.cfg.input.sample < 1.0:
+            ledger["sample"] = project_full_run(ledger, self.stats, self.cfg.input.sample, self.cfg.input.sample_seed,
+                                                n_workers=self.n_workers)
+        return ledger
+
+    def _finish_empty(self, started: float) -> None:
+        """No document survived the document stages: the ledger and report still tell where every
+        input document went, and the run stops with one clear message instead of sharding nothing."""
+        ledger = self._final_ledger(started)
+        write_json_atomic(self.out / "ledger.json", ledger)
+        write_report(self.out, ledger, self.stats, self.extra, self.seconds, None)
+        raise PipelineError(
+            f"nothing to tokenize and shard: of {ledger['input']:,} input documents {ledger['filtered']:,} were "
+            f"filtered, {ledger['duplicates']:,} were duplicates and {ledger['quarantined']:,} were quarantined "
+            f"(see {self.out / 'report.md'})")
+
+    def _skip_if_empty(self, source_stage: str, body: Callable[[Path], dict]) -> Callable[[Path], dict]:
+        """A document stage's body, or empty stats when the stage before it passed on no document
+        (a stage body may assume it has parts to work on)."""
+        def run(folder: Path) -> dict:
+            if self.stats[source_stage]["docs_out"]:
+                return body(folder)
+            self.log(f"  no documents left after {source_stage}: nothing to do")
+            return {"docs_in": 0, "docs_out": 0, "removed": {}}
+        return run
 
     def _preflight(self) -> None:
         """`corpusmill doctor`'s checks for this config (all but mindspore.run_check, which the doctor
@@ -284,12 +357,15 @@ class Pipeline:
         cfg = self.cfg
         if cfg.dedup.exact:
             h = cfg.section_hash("dedup", extra=[h, "exact", normalize_opts])
-            self._stage("exact_dedup", h, lambda d: self._exact_dedup(d, last, normalize_opts), _docs_summary)
+            self._stage("exact_dedup", h, self._skip_if_empty(last, lambda d: self._exact_dedup(d, last, normalize_opts)),
+                        _docs_summary)
             self.doc_stages.append("exact_dedup")
             last = "exact_dedup"
         if cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled:
             h = cfg.section_hash("dedup", extra=[h, "near", normalize_opts])
-            self._stage("near_dedup", h, lambda d: self._near_dedup(d, last, normalize_opts), _docs_summary)
+            source = last
+            self._stage("near_dedup", h, self._skip_if_empty(source, lambda d: self._near_dedup(d, source, normalize_opts)),
+                        _docs_summary)
             self.doc_stages.append("near_dedup")
             last = "near_dedup"
         return last, h
@@ -350,7 +426,7 @@ class Pipeline:
         for r in results:
             merge_stats(stats, r["stats"])
         if fc.keep_scores and not reuse:
-            _write_json_atomic(marker, {"scoring_hash": scoring_hash, "finished_utc": _utc_now()})
+            write_json_atomic(marker, {"scoring_hash": scoring_hash, "finished_utc": _utc_now()})
         stats["scores_reused"] = bool(reuse)
         stats["boilerplate_lines"] = line_stats
         self.extra["filter"] = {
@@ -593,14 +669,28 @@ class Pipeline:
         return stats
 
     def _export_dedup(self, last: str) -> None:
-        """DIR/kept/ (the input's own fields) and DIR/removed/ (every duplicate, with what it duplicates)."""
+        """DIR/kept/ (every field the input gave each document) and DIR/removed/ (every duplicate, with
+        what it duplicates). A Parquet export decides each field's column type over all parts first."""
         kept_dir, removed_dir = self.out / "kept", self.out / "removed"
         for d in (kept_dir, removed_dir):
             if d.exists():
                 shutil.rmtree(d)
+        kept_dir.mkdir(parents=True)
         parts = self.parts(last)
-        tasks = [delayed(export_kept_part)(p, str(kept_dir), self.export_format, self.cfg.input.text_field,
-                                            self.cfg.input.id_field, self.cfg.input.source_field) for p in parts]
+        ic, fmt = self.cfg.input, self.export_format
+        field_types = None
+        if fmt == "parquet":
+            kinds: dict[str, set] = {}
+            for part_kinds in run_tasks(self.client, [delayed(kept_field_kinds)(p) for p in parts], "export: field types"):
+                for name, k in part_kinds.items():
+                    kinds.setdefault(name, set()).update(k)
+            field_types = kept_field_types(kinds)
+            as_json = sorted(n for n, t in field_types.items() if t == "json")
+            if as_json:
+                self.log(f"  export: fields whose type changes between documents are kept as JSON text: {', '.join(as_json)}")
+            write_json_atomic(kept_dir / "_fields.json", field_types)
+        tasks = [delayed(export_kept_part)(p, str(kept_dir), fmt, ic.text_field, ic.id_field, ic.source_field, field_types)
+                 for p in parts]
         run_tasks(self.client, tasks, "export kept")
         removed_dir.mkdir(parents=True)
         n = 0
@@ -608,7 +698,15 @@ class Pipeline:
             for f in sorted((self.stage_dir(stage) / "removed").glob("*.parquet")):
                 export_removed_part(str(f), str(removed_dir / f"{stage}-{n:05d}.parquet"))
                 n += 1
-        self.log(f"[export] kept documents in {kept_dir} ({self.export_format}), removed in {removed_dir}")
+        if not parts:  # one empty file with the columns, so readers of kept/ get an empty table, not an error
+            names = [n for n in (ic.id_field, ic.text_field, ic.source_field) if n]
+            empty = kept_dir / f"part-00000-000.{fmt}"
+            if fmt == "jsonl":
+                write_text_atomic(empty, "")
+            else:
+                write_table_atomic(pa.table({n: pa.array([], pa.string()) for n in names}), empty)
+            self.log("[export] no document was kept (see the ledger): kept/ holds one empty file")
+        self.log(f"[export] kept documents in {kept_dir} ({fmt}), removed in {removed_dir}")
 
     def _tokenize(self, folder: Path, source_stage: str) -> dict:
         tc = self.cfg.tokenizer
@@ -724,7 +822,11 @@ class Pipeline:
                  f"{plan.files} MindRecord files, layout {sc.layout}")
         setup_s = self._warm_up_writers()
         started = time.perf_counter()
-        written = run_tasks(self.client, tasks, f"shard: shuffle + write + {sc.verify} check")
+        try:
+            written = run_tasks(self.client, tasks, f"shard: shuffle + write + {sc.verify} check")
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # half-written MindRecord files are never resumed
+            raise
         write_s = time.perf_counter() - started
         files = []
         task_seconds = sum(w.pop("task_seconds") for w in written)
@@ -769,7 +871,7 @@ class Pipeline:
             shard.mindformers_snippet(str(folder.resolve()), sc.layout, window, ["input_ids", "labels"] if labels else ["input_ids"],
                                       tok["eos_id"] if self.cfg.pack.mode != "pad" and self.cfg.tokenizer.add_eos else None),
             encoding="utf-8")
-        _write_json_atomic(staging / "manifest.json", manifest)
+        write_json_atomic(staging / "manifest.json", manifest)
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(staging, folder)  # rename the folder, never the MindRecord files

@@ -5,10 +5,13 @@ merges the stats each partition returns.
 """
 from __future__ import annotations
 
+import json
 import os
+import secrets
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import pandas as pd
 import pyarrow as pa
@@ -90,20 +93,51 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A fresh temporary name beside `path`, renamed over it when the block succeeds and removed when
+    it fails (a full disk leaves no half-written or zero-byte file behind). The rename replaces a
+    symlink at `path` instead of writing through it, and the temporary name is created exclusively
+    (O_EXCL | O_NOFOLLOW), so a link planted in a run directory can never redirect a write."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` all at once (see `atomic_path`)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: Path, payload: Any, indent: Optional[int] = 2) -> None:
+    write_text_atomic(path, json.dumps(payload, indent=indent, ensure_ascii=False, default=str))
+
+
 def write_table_atomic(table: pa.Table, path: Path) -> None:
     """Write to a temporary name then rename, so a killed run never leaves half a part. `.arrow`
     names get an uncompressed Arrow IPC file (memory-mapped by readers that pick rows out of it),
     anything else Parquet with zstd."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    if path.suffix == ".arrow":
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-    else:
-        # row groups of about 4 MB, so a task that needs a slice of a part reads only its groups
-        rows = max(1024, int(table.num_rows * ROW_GROUP_BYTES / max(1, table.nbytes)))
-        pq.write_table(table, tmp, compression="zstd", row_group_size=rows)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        if path.suffix == ".arrow":
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+        else:
+            # row groups of about 4 MB, so a task that needs a slice of a part reads only its groups
+            rows = max(1024, int(table.num_rows * ROW_GROUP_BYTES / max(1, table.nbytes)))
+            pq.write_table(table, tmp, compression="zstd", row_group_size=rows)
 
 
 ROW_GROUP_BYTES = 4 << 20
@@ -129,11 +163,3 @@ def read_table(path: str | Path, columns: Optional[list[str]] = None) -> pa.Tabl
         table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
         return table.select(columns) if columns else table
     return pq.read_table(path, columns=columns)
-
-
-def write_frame(df: pd.DataFrame, path: Path, schema: pa.Schema) -> None:
-    write_table_atomic(pa.Table.from_pandas(df, schema=schema, preserve_index=False), path)
-
-
-def read_frame(path: Path, columns: Optional[list[str]] = None) -> pd.DataFrame:
-    return pq.read_table(path, columns=columns).to_pandas()

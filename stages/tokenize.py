@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import sentencepiece as spm
 
-from .base import BatchResult, file_sha256
+from .base import BatchResult, file_sha256, write_bytes_atomic
 
 TOKEN_SCHEMA = pa.schema([("uid", pa.int64()), ("n_tokens", pa.int32()), ("input_ids", pa.list_(pa.int32()))])
 
@@ -195,10 +195,7 @@ def _drop_training_paths(model_file: str) -> None:
     del spec.input[:]
     spec.input.extend(names)
     spec.model_prefix = os.path.basename(spec.model_prefix)
-    tmp = f"{model_file}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(proto.SerializeToString())
-    os.replace(tmp, model_file)
+    write_bytes_atomic(Path(model_file), proto.SerializeToString())
 
 
 def _train(sample_file: Path, model_prefix: Path, vocab_size: int, model_type: str, character_coverage: float,

@@ -20,7 +20,9 @@ LENGTH_ONLY_FILTER = {"gopher_quality": {"enabled": False}, "gopher_repetition":
 def dask_client():
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    # loopback and free ports only (a fixed 8787 fails beside any other Dask or corpusmill serve)
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                           dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": False})
     client = Client(cluster)
     yield client
     client.close()
