@@ -1,8 +1,10 @@
 """The HTTP API: submit, follow, fetch and cancel jobs; a job is exactly a `corpusmill run|dedup|train`.
 
-Requests are checked before anything is queued — the config by the same models as a YAML file
-(422 naming the key), every path against the data roots (403), the queue bound (429) — so a job
-that is accepted can only fail for reasons found while running it.
+Requests are checked before anything is queued — the body's size as it arrives (413, chunked or
+not), the config by the same models as a YAML file (422 naming the key: unknown keys, values out of
+their bounds, text that is not valid Unicode), every path against the data roots (403), the run
+directory for symlinks (422), the queue bound (429) — so a job that is accepted can only fail for
+reasons found while running it. Files under a run directory are served without following links.
 """
 from __future__ import annotations
 
@@ -18,16 +20,18 @@ from fastapi import Depends, FastAPI, HTTPException, Path as PathParam, Query, R
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .. import __version__
-from ..config import ConfigError, parse_config
-from .guard import DataRoots, InputError, PathRefused
+from ..config import ConfigError, escape_text, parse_config
+from .guard import DataRoots, InputError, PathRefused, UnsafeFolder, check_no_links
+from .safefs import LinkRefused, read_bytes
 from .status import LOG_NAME, job_counters, job_view, prometheus_text
 from .store import ACTIVE, STATES, JobStore, OutInUse
 from .supervisor import Supervisor
 
 MAX_BODY_BYTES = 1 << 20
+LOG_TAIL_BYTES = 16 << 20  # /log reads at most the last 16 MiB of a job's log
 JOB_ID = r"^[0-9a-f]{16}$"
 
 
@@ -54,6 +58,16 @@ class JobRequest(BaseModel):
     shards: Optional[str] = Field(None, description="train jobs: the shards/ folder (with manifest.json) to train on.")
     resume: bool = Field(False, description="Reuse finished stages (train: the newest checkpoint) already in `out`.")
     format: Literal["parquet", "jsonl"] = Field("parquet", description="dedup jobs: the format of OUT/kept/.")
+
+    @field_validator("out", "shards")
+    @classmethod
+    def _valid_unicode(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"not valid Unicode text: '{escape_text(v)}' holds a lone surrogate") from None
+        return v
 
 
 class ErrorBody(BaseModel):
@@ -109,6 +123,59 @@ def _error(status: int, detail: str, keys: Optional[list[str]] = None) -> HTTPEx
     return HTTPException(status_code=status, detail={"detail": detail, "keys": keys or []})
 
 
+def _printable(value: Any) -> Any:
+    """An error body safe to encode as UTF-8 JSON: lone surrogates from the request escaped (else a 500)."""
+    if isinstance(value, str):
+        return escape_text(value)
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_printable(v) for v in value]
+    return value
+
+
+class BodyLimit:
+    """413 for a request body over `max_bytes`, counted as it arrives: a Content-Length over the limit is
+    refused before reading, and a chunked body (no length) as soon as its running total passes the limit.
+    The body (at most `max_bytes`) is then handed on to the app as one message."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def _too_large(self, scope, receive, send) -> None:
+        response = JSONResponse({"detail": f"request body over {self.max_bytes} bytes", "keys": []}, status_code=413,
+                                headers={"Connection": "close"})  # the rest of the body is never read
+        await response(scope, receive, send)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and (not value.isdigit() or int(value) > self.max_bytes):
+                await self._too_large(scope, receive, send)
+                return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        pending = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replay():
+            return pending.pop() if pending else await receive()
+
+        await self.app(scope, replay, send)
+
+
 ERRORS = {401: {"model": ErrorBody, "description": "Missing or wrong bearer token."},
           422: {"model": ErrorBody, "description": "Invalid request; `keys` names what is wrong."}}
 _JSON_ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
@@ -153,6 +220,12 @@ def prepare_job(req: JobRequest, roots: DataRoots, job_id: str) -> tuple[dict, l
         raise _error(403, str(e), [e.key]) from None
     except InputError as e:
         raise _error(422, f"config.input.paths: {e}", ["config.input.paths"]) from None
+    try:
+        if shards:
+            check_no_links("shards", shards)
+        check_no_links("out", out)
+    except UnsafeFolder as e:
+        raise _error(422, str(e), [e.key]) from None
     if shards and (out == shards or out.startswith(shards + os.sep)):
         raise _error(409, "out: the training output must not be inside the shards folder", ["out"])
     if os.path.isdir(out) and any(os.scandir(out)) and not req.resume:
@@ -191,21 +264,16 @@ def create_app(ctx: ServiceContext) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException):
         body = exc.detail if isinstance(exc.detail, dict) else {"detail": str(exc.detail), "keys": []}
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(_printable(body), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         errors = exc.errors()
         keys = [".".join(str(p) for p in e["loc"] if p != "body") for e in errors]
         detail = "; ".join(f"{k or 'body'}: {e['msg']}" for k, e in zip(keys, errors))
-        return JSONResponse({"detail": detail, "keys": keys}, status_code=422)
+        return JSONResponse(_printable({"detail": detail, "keys": keys}), status_code=422)
 
-    @app.middleware("http")
-    async def _limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return JSONResponse({"detail": f"request body over {MAX_BODY_BYTES} bytes", "keys": []}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
     def _row(job_id: str) -> dict:
         row = ctx.store.get(job_id)
@@ -251,15 +319,19 @@ def create_app(ctx: ServiceContext) -> FastAPI:
         return job_view(_row(job_id), ctx.dashboard)
 
     @app.get("/v1/jobs/{job_id}/report", response_class=HTMLResponse, tags=["jobs"], dependencies=[Depends(authorized)],
-             responses=text_errors(404))
+             responses=text_errors(403, 404))
     def get_report(job_id: str = PathParam(pattern=JOB_ID)) -> HTMLResponse:
-        """The run's report.html (written when a run or dedup job finishes)."""
+        """The run's report.html (written when a run or dedup job finishes); never through a symlink (403)."""
         row = _row(job_id)
-        path = Path(row["out"]) / "report.html"
-        if row["kind"] == "train" or not path.is_file():
-            why = "train jobs write no HTML report (see /ledger)" if row["kind"] == "train" else f"no report yet (job {row['state']})"
-            raise _error(404, why)
-        return HTMLResponse(path.read_text(encoding="utf-8"))
+        if row["kind"] == "train":
+            raise _error(404, "train jobs write no HTML report (see /ledger)")
+        try:
+            data = read_bytes(Path(row["out"]) / "report.html")
+        except LinkRefused as e:
+            raise _error(403, f"refused: {e}") from None
+        except OSError:
+            raise _error(404, f"no report yet (job {row['state']})") from None
+        return HTMLResponse(data.decode("utf-8", "replace"))
 
     @app.get("/v1/jobs/{job_id}/ledger", tags=["jobs"], dependencies=[Depends(authorized)],
              responses={**ERRORS, 404: {"model": ErrorBody}})
@@ -276,12 +348,16 @@ def create_app(ctx: ServiceContext) -> FastAPI:
         return view["ledger"]
 
     @app.get("/v1/jobs/{job_id}/log", response_class=PlainTextResponse, tags=["jobs"],
-             dependencies=[Depends(authorized)], responses=text_errors(404))
+             dependencies=[Depends(authorized)], responses=text_errors(403, 404))
     def get_log(job_id: str = PathParam(pattern=JOB_ID), tail: int = Query(200, ge=1, le=100000)) -> PlainTextResponse:
         """The last `tail` lines the job printed."""
         _row(job_id)
-        path = ctx.supervisor.job_dir(job_id) / LOG_NAME
-        text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+        try:
+            text = read_bytes(ctx.supervisor.job_dir(job_id) / LOG_NAME, LOG_TAIL_BYTES, tail=True).decode("utf-8", "replace")
+        except LinkRefused as e:
+            raise _error(403, f"refused: {e}") from None
+        except OSError:
+            text = ""
         return PlainTextResponse("\n".join(text.splitlines()[-tail:]) + "\n")
 
     @app.post("/v1/jobs/{job_id}/cancel", status_code=202, response_model=JobStatus, tags=["jobs"],

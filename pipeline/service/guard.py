@@ -6,6 +6,12 @@ of the roots. Inputs are checked twice: the pattern as written, then every file 
 symlink or glob inside a root that points outside it is refused as well. The service's own state
 folder (the job database, the token file) is never readable or writable by a job, even when it lies
 inside a root.
+
+A run directory (`out`) and a train job's shards folder must hold no symlink at all, checked when the
+job is submitted and again when it starts or resumes (`check_no_links`): corpusmill never creates one
+there, and a planted `report.md -> /etc/...` or `report.html -> the token file` would otherwise be
+written through by the job or served by the API. (The service's own reads of a run directory follow
+no link either; see safefs.)
 """
 from __future__ import annotations
 
@@ -13,6 +19,8 @@ import os
 from typing import Iterable, Optional
 
 from stages.read import InputError, expand_inputs
+
+from .safefs import find_link
 
 # Every config field that names a file or folder, with how the job uses it. A test walks the config
 # models and fails when a string field is in neither this table nor NOT_PATHS, so a new path option
@@ -28,7 +36,7 @@ NOT_PATHS: set[tuple[str, ...]] = {
     ("filter", "scripts", "keep"),
     ("pack", "mode"), ("pack", "remainder"),
     ("shard", "layout"), ("shard", "remainder"), ("shard", "verify"),
-    ("cluster", "address"), ("cluster", "memory_limit"),
+    ("cluster", "address"), ("cluster", "memory_limit"), ("cluster", "dashboard_address"),
     ("train", "num_parallel_workers"), ("train", "precision"),
 }
 
@@ -39,6 +47,29 @@ class PathRefused(PermissionError):
     def __init__(self, key: str, path: str, reason: str):
         super().__init__(f"{key}: {path!r} {reason}")
         self.key, self.path, self.reason = key, path, reason
+
+
+class UnsafeFolder(ValueError):
+    """A run directory or shards folder holds a symlink, or cannot be checked (HTTP 422)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+def check_no_links(key: str, folder: str) -> None:
+    """UnsafeFolder when `folder` (when it exists) is, or holds at any depth, a symlink."""
+    try:
+        link = find_link(folder)
+    except OSError as e:
+        raise UnsafeFolder(key, f"cannot check {folder} for symlinks: {e.strerror or e}") from None
+    if link is not None:
+        try:
+            target = os.readlink(link)
+        except OSError:
+            target = "?"
+        raise UnsafeFolder(key, f"{link} is a symlink (to {target!r}); corpusmill writes no links into a run "
+                           "directory or shards folder and follows none there: remove it")
 
 
 class DataRoots:
@@ -99,15 +130,21 @@ class DataRoots:
 
     def recheck(self, request: dict) -> None:
         """Check an accepted job's paths again when it starts: it may have waited in the queue while
-        someone replaced a folder with a symlink. PathRefused or InputError when they no longer pass."""
+        someone replaced a folder with a symlink or planted one in `out`. PathRefused, InputError or
+        UnsafeFolder when they no longer pass."""
         config = request["config"]
         if request["kind"] in ("run", "dedup"):
             self.resolve_inputs("config.input.paths", config["input"]["paths"])
         if config["tokenizer"].get("model"):
             self.resolve("config.tokenizer.model", config["tokenizer"]["model"])
         if request.get("shards"):
-            self.resolve("shards", request["shards"])
-        self.resolve("out", request["out"], allow_root=False)
+            if self.resolve("shards", request["shards"]) != request["shards"]:
+                raise PathRefused("shards", request["shards"], "now leads through a symlink")
+            check_no_links("shards", request["shards"])
+        out = request["out"]
+        if self.resolve("out", out, allow_root=False) != out:  # stored as its real path when accepted
+            raise PathRefused("out", out, f"now leads through a symlink (to {os.path.realpath(out)})")
+        check_no_links("out", out)
 
 
-__all__ = ["DataRoots", "InputError", "NOT_PATHS", "PATH_FIELDS", "PathRefused"]
+__all__ = ["DataRoots", "InputError", "NOT_PATHS", "PATH_FIELDS", "PathRefused", "UnsafeFolder", "check_no_links"]

@@ -14,6 +14,7 @@ from ..config import ConfigError
 
 TOKEN_ENV = "CORPUSMILL_TOKEN"
 MIN_TOKEN_CHARS = 16
+DEFAULT_DASHBOARD = "127.0.0.1:0"
 
 
 class ServiceError(ConfigError):
@@ -70,8 +71,12 @@ def load_token(token_file: Optional[str], host: str, state_dir: Path, log: Calla
 
 def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, scheduler: Optional[str] = None,
           token_file: Optional[str] = None, max_concurrent: int = 1, max_queued: int = 100,
-          n_workers: Optional[int] = None, log: Callable[[str], None] = print) -> int:
-    """Run the service until SIGINT/SIGTERM; running jobs are stopped and resumed at the next start."""
+          n_workers: Optional[int] = None, dashboard_address: str = DEFAULT_DASHBOARD,
+          log: Callable[[str], None] = print) -> int:
+    """Run the service until SIGINT/SIGTERM; running jobs are stopped and resumed at the next start.
+
+    The LocalCluster's Dask dashboard has no authentication: it listens on loopback (a free port)
+    unless `dashboard_address` asks for another address, which is logged as a warning."""
     import uvicorn
 
     from ..config import ClusterConfig
@@ -93,7 +98,15 @@ def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, schedu
         raise ServiceError("--max-concurrent and --max-queued must be at least 1")
     store = JobStore(state)
     # the engine's own cluster set-up: the given scheduler, or one LocalCluster (with its dashboard) for all jobs
-    cluster_cfg = ClusterConfig(address=scheduler, n_workers=n_workers, dashboard=True)
+    try:
+        cluster_cfg = ClusterConfig(address=scheduler, n_workers=n_workers, dashboard=True,
+                                    dashboard_address=dashboard_address)
+    except ValueError as e:
+        raise ServiceError(f"--workers / --dashboard-address: {e}") from None
+    dash_host = dashboard_address.rpartition(":")[0].strip("[]") if ":" in dashboard_address else dashboard_address
+    if not scheduler and not is_loopback(dash_host or "0.0.0.0"):
+        log(f"service: warning: the Dask dashboard listens on {dashboard_address}, beyond this machine, without "
+            "authentication")
     try:
         with dask_client(cluster_cfg, log=log) as client:
             address = client.scheduler.address

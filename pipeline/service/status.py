@@ -3,45 +3,45 @@
 The run directory already says everything: `progress.json` (planned stages, the one running now and
 its task count), each stage's `_DONE.json` (counts and seconds), `ledger.json` when the run is done,
 and for training `metrics.jsonl` / `summary.json`. The service adds nothing of its own but the state.
+Every file is read through `safefs`, which follows no symlink: a link planted in a run directory
+reads as no file at all.
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Optional
 
-from ..progress import read_progress
+from ..progress import PROGRESS_FILE
 from ..runner import STAGE_DIRS
+from .safefs import read_optional
 
 LOG_NAME = "job.log"
 
 
-def _read_json(path: Path) -> Optional[Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+def _read_json(path: Path) -> Optional[dict]:
+    data = read_optional(path)
+    if data is None:
         return None
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None  # every file read here holds an object
 
 
 def _markers(out: Path) -> dict[str, dict]:
     found = {}
     for name, folder in STAGE_DIRS.items():
         marker = _read_json(out / folder / "_DONE.json")
-        if marker:
+        if marker and isinstance(marker.get("stats"), dict):
             found[name] = marker
     return found
 
 
 def _last_line(path: Path, max_bytes: int = 65536) -> Optional[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            lines = [ln for ln in f.read().splitlines() if ln.strip()]
-    except OSError:
-        return None
+    data = read_optional(path, max_bytes, tail=True)
+    lines = [ln for ln in (data or b"").splitlines() if ln.strip()]
     return lines[-1].decode("utf-8", "replace") if lines else None
 
 
@@ -60,7 +60,9 @@ def train_progress(folder: Path, planned_steps: Optional[int]) -> Optional[dict]
         return None
     try:
         record = json.loads(last)
-    except ValueError:
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict):
         return None
     return {"done": False, "planned_steps": planned_steps, "step": record.get("step"), "loss": record.get("loss"),
             "lr": record.get("lr"), "tokens_per_s": record.get("tokens_per_s")}
@@ -75,7 +77,8 @@ def job_view(row: dict, dashboard: Optional[str]) -> dict[str, Any]:
     view.update(out=str(out), dashboard=dashboard, stage=None, stages=[], ledger=None, train=None)
     planned_steps = (request.get("config") or {}).get("train", {}).get("steps")
     if row["kind"] in ("run", "dedup"):
-        progress = read_progress(out) or {}
+        progress = _read_json(out / PROGRESS_FILE)
+        progress = progress if isinstance(progress, dict) else {}
         markers = _markers(out)
         names = list(progress.get("stages") or markers)
         step = progress.get("step")
@@ -135,10 +138,10 @@ def job_counters(row: dict) -> dict[str, Any]:
 
 def error_from_log(log_path: Path, max_lines: int = 20) -> str:
     """The CLI's `corpusmill: error:` message, else the log's last lines (a traceback)."""
-    try:
-        text = log_path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    data = read_optional(log_path, 1 << 20, tail=True)
+    if data is None:
         return "the job process exited with an error (no log)"
+    text = data.decode("utf-8", "replace")
     lines = text.splitlines()
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("corpusmill: error:"):

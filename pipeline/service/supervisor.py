@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import yaml
 
 from ..progress import utc_now
-from .guard import DataRoots, InputError, PathRefused
+from .guard import DataRoots, InputError, PathRefused, UnsafeFolder
 from .status import LOG_NAME, error_from_log, job_counters, train_dir
 from .store import JobStore
 
@@ -138,7 +138,7 @@ class Supervisor:
         if self.roots is not None:
             try:
                 self.roots.recheck(row["request"])
-            except (PathRefused, InputError) as e:
+            except (PathRefused, InputError, UnsafeFolder) as e:
                 self.store.update(job_id, state="failed", finished_utc=utc_now(),
                                   error=f"refused at start (paths changed since the job was accepted): {e}")
                 return
