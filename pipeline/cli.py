@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -86,6 +87,9 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint-every", type=int, metavar="N", help="write an atomic checkpoint every N steps")
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints, "
                        "at the exact next batch, with the optimizer state and learning-rate step restored")
+    train.add_argument("--no-verify", dest="verify", action="store_false",
+                       help="skip the start-up check of the shards' sizes and sha256, tokenizer and indexes against "
+                       "manifest.json (the manifest itself and the files' presence are always checked)")
     tok = sub.add_parser("tokenizer", help="train a SentencePiece tokenizer from a corpus sample",
                          description="Tokenizer tools.")
     tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
@@ -107,9 +111,12 @@ def _build_parser() -> argparse.ArgumentParser:
                             description="Check or look into a shards/ directory a run wrote.")
     shards_sub = shards.add_subparsers(dest="shards_command", required=True, metavar="ACTION")
     verify = shards_sub.add_parser("verify", help="check every file and sample against manifest.json",
-                                   description="Files present, sha256 of every .mindrecord and .db, every sample read "
-                                   "back (count, length, dtype, contents), ids below the vocabulary, equal samples per "
-                                   "rank. Exit code 1 and one line per problem on any mismatch.")
+                                   description="Everything manifest.json claims: its format and keys, every path "
+                                   "inside the folder, size and sha256 of every .mindrecord and .db and of the tokenizer, "
+                                   "the tokenizer's vocabulary and special ids, each .mindrecord with its own .db, ranks "
+                                   "against files, no unlisted MindRecord file; then every sample read back in a child "
+                                   "process (count, length, dtype, contents, ids below the vocabulary, equal samples per "
+                                   "rank). Exit code 1 and one line per problem on any mismatch.")
     verify.add_argument("dir", help="the shards/ directory (holding manifest.json)")
     inspect_ = shards_sub.add_parser("inspect", help="print totals and decoded samples",
                                      description="Print the manifest's totals and decode the first samples with the "
@@ -224,27 +231,29 @@ def _cmd_shards(args) -> int:
     from stages.shard import verify_shard_dir
 
     if args.shards_command == "verify":
+        started = time.perf_counter()
         problems, totals = verify_shard_dir(args.dir)
         for p in problems:
             print(f"corpusmill: shards: {p}", file=sys.stderr)
         if problems:
-            print(f"corpusmill: shards verify: {len(problems)} problem(s) in {args.dir}", file=sys.stderr)
+            unread = " (samples not read back: fix these first)" if totals and not totals.get("rows_checked") else ""
+            print(f"corpusmill: shards verify: {len(problems)} problem(s) in {args.dir}{unread}", file=sys.stderr)
             return 1
         _log(f"shards ok: {totals['files']} files, {totals['samples']:,} samples, {totals['ranks']} ranks x "
              f"{next(iter(totals['samples_per_rank'].values())):,} samples, largest id {totals['max_token_id']} "
-             f"< vocabulary {totals['vocab_size']}")
+             f"< vocabulary {totals['vocab_size']}; checked in {time.perf_counter() - started:.1f} s")
         return 0
     import json
 
     import mindspore.dataset as ds
 
-    from trainer.data import load_manifest
+    from trainer.data import check_shards
     from stages.tokenize import load_tokenizer
 
-    manifest = load_manifest(args.dir)
+    manifest = check_shards(args.dir, verify=True, log=lambda m: None)  # never hand a damaged file to the reader
     _log(json.dumps({k: v for k, v in manifest.items() if k != "files"}, indent=1, ensure_ascii=False))
     for e in manifest["files"]:
-        _log(f"  {e['path']}: rank {e['rank']}, {e['samples']:,} samples, {e['tokens']:,} tokens")
+        _log(f"  {e['path']}: rank {e['rank']}, {e['samples']:,} samples, {e.get('tokens', 0):,} tokens")
     sp = load_tokenizer(str(Path(args.dir) / manifest["tokenizer"]["path"]))
     first = str(Path(args.dir) / manifest["files"][0]["path"])
     data = ds.MindDataset([first], columns_list=["input_ids"], shuffle=False)
@@ -506,12 +515,12 @@ def _cmd_train(args) -> int:
     if args.action == "lr-find":
         from trainer.train import lr_find
 
-        result = lr_find(args.shards, tcfg, log=_log)
+        result = lr_find(args.shards, tcfg, log=_log, verify=args.verify)
         _log(f"largest lr at which the loss still falls steadily: {result['largest_falling_lr']:.3g}; "
              f"suggested: {result['suggested_lr']:.3g}")
         return 0
     out = args.out or str(Path(args.shards).resolve().parent / "train")
-    summary = train(args.shards, out, tcfg, log=_log, resume=args.resume)
+    summary = train(args.shards, out, tcfg, log=_log, resume=args.resume, verify=args.verify)
     _log(f"training: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}; "
          f"data wait {100 * summary['data_wait_share']:.1f}%; metrics in {Path(out) / 'metrics.jsonl'}")
     return 0
@@ -520,6 +529,8 @@ def _cmd_train(args) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings drown the progress lines
     args = _build_parser().parse_args(argv)
+    from pydantic import ValidationError
+
     from .config import ConfigError
     from .ledger import LedgerError
     from .runner import PipelineError
@@ -530,15 +541,43 @@ def main(argv: Optional[list[str]] = None) -> int:
     handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train, "config": _cmd_config, "dedup": _cmd_dedup,
                 "shards": _cmd_shards, "tokenizer": _cmd_tokenizer, "doctor": _cmd_doctor,
                 "serve": _cmd_serve}
+    previous_sigterm = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # Slurm, Kubernetes, `timeout`
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, PipelineError, LedgerError, ShardMismatch, ConnectionError, TokenizerError,
             FileNotFoundError) as e:
         print(f"corpusmill: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("corpusmill: interrupted; rerun with --resume to continue from the last finished stage", file=sys.stderr)
-        return 130
+    except ValidationError as e:  # a command-line value out of range (config files are checked by load_config)
+        print(f"corpusmill: error: {_flag_error(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:  # outside a run's stages (those name the stage themselves)
+        where = f": {e.filename}" if e.filename else ""
+        print(f"corpusmill: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        how = "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted"
+        print(f"corpusmill: {how}; rerun with --resume to continue from the last finished stage", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the run records `interrupted` and can be resumed."""
+
+
+def _sigterm_as_interrupt(signum, frame) -> None:
+    raise Terminated()
+
+
+def _flag_error(err: ValidationError) -> str:
+    """One line per bad value, named by the flag that set it: `--threshold: must be <= 1 (got 1.5)`."""
+    lines = []
+    for e in err.errors():
+        name = str(e["loc"][-1]) if e["loc"] else "value"
+        lines.append(f"--{name.replace('_', '-')}: {e['msg']} (got {e.get('input')!r})")
+    return "; ".join(lines)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ so the manifest carries a sha256 per file and a hash of the rows as meant to be 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -19,6 +18,7 @@ import numpy as np
 import xxhash
 
 from .base import file_sha256, read_table
+from .manifest import MINDRECORD_NAME  # noqa: F401 - re-exported: what mindformers' loader collects
 
 SCHEMA_NAME = "corpusmill_pretrain"
 
@@ -262,7 +262,7 @@ def count_samples(path: str) -> int:
 
 def read_back(path: str, window: int) -> tuple[int, int]:
     """Count and hash every sample of one MindRecord file through `MindDataset`."""
-    count, digest, _ = _read_all(path, window)
+    count, digest, _, _ = _read_all(path, window)
     return count, digest
 
 
@@ -302,65 +302,147 @@ train_dataset_task:
 
 
 def verify_shard_dir(shards_dir: str) -> tuple[list[str], dict]:
-    """Check a shard directory against its manifest: files present, sha256 of every `.mindrecord`
-    and `.db`, every sample read back through MindDataset (count, length, dtype, content hash),
-    ids below the vocabulary size, equal samples per rank. Returns (problems, totals)."""
-    import json
+    """Check a shard directory against everything its manifest claims (see stages.manifest): the
+    manifest itself, paths inside the folder, sizes and sha256 of every `.mindrecord`, `.db` and the
+    tokenizer, the tokenizer's vocabulary and special ids, each file's header and index naming each
+    other, ranks against files, unlisted MindRecord files. Only when all of that holds is every
+    sample read back through MindDataset (count, length, dtype, content hash, ids in the
+    vocabulary), in a child process, so that a file that crashes MindSpore's reader is a finding
+    and not a crash. Returns (problems, totals); never raises for damaged input."""
+    from . import manifest as mf
 
     root = os.path.abspath(shards_dir)
-    manifest_path = os.path.join(root, "manifest.json")
-    if not os.path.isfile(manifest_path):
-        return [f"{manifest_path} does not exist: not a finished corpusmill shard directory"], {}
-    manifest = json.load(open(manifest_path, encoding="utf-8"))
-    window, vocab = manifest["sample_length"], manifest["vocab_size"]
-    problems: list[str] = []
+    try:
+        manifest = mf.load(root)
+    except mf.ShardMismatch as e:
+        return [str(e)], {}
+    problems = mf.check(root, manifest)
+    ranks, vocab, window = manifest["ranks"], manifest["vocab_size"], manifest["sample_length"]
+    totals: dict[str, Any] = {"files": len(manifest["files"]), "ranks": ranks, "vocab_size": vocab, "rows_checked": False}
+    if problems:
+        return problems, totals  # damaged or inconsistent: no file goes to MindSpore's reader
+    layout = manifest.get("layout", "per_rank")
+    files = [(e["path"], os.path.join(root, e["path"])) for e in manifest["files"]]
+    size = sum(e["bytes"] for e in manifest["files"])
+    results = read_rows_isolated(files, window, ranks if layout == "global" else None, timeout=300 + size / (1 << 20))
     per_rank: dict[int, int] = {}
     max_id = -1
     for entry in manifest["files"]:
-        path = os.path.join(root, entry["path"])
-        missing = [p for p in (path, path + ".db") if not os.path.isfile(p)]
-        if missing:
-            problems.append(f"{entry['path']}: missing {', '.join(os.path.basename(m) for m in missing)}")
+        rel = entry["path"]
+        got = results.get(rel, {"error": "MindSpore's reader gave no result for it"})
+        if "error" in got:
+            problems.append(f"{rel}: cannot be read back: {got['error']}")
             continue
-        if file_sha256(path) != entry["sha256"]:
-            problems.append(f"{entry['path']}: sha256 differs from the manifest (file altered or truncated)")
-        if file_sha256(path + ".db") != entry["db_sha256"]:
-            problems.append(f"{entry['path']}.db: sha256 differs from the manifest")
-        try:
-            count, digest, top = _read_all(path, window)
-        except Exception as e:  # noqa: BLE001 - a damaged file raises from MindSpore's C++ reader
-            problems.append(f"{entry['path']}: cannot be read back: {str(e).splitlines()[0][:200]}")
-            continue
+        count, digest, top, low = got["count"], got["digest"], got["top"], got["low"]
         if count != entry["samples"]:
-            problems.append(f"{entry['path']}: {count} samples read back, manifest says {entry['samples']}")
+            problems.append(f"{rel}: {count} samples read back, manifest says {entry['samples']}")
         elif "rows_xxh3_sum" in entry and digest != entry["rows_xxh3_sum"]:
-            problems.append(f"{entry['path']}: sample contents differ from what was written")
-        if top >= vocab:
-            problems.append(f"{entry['path']}: token id {top} is not below the vocabulary size {vocab}")
+            problems.append(f"{rel}: sample contents differ from what was written")
+        if top >= vocab or low < 0:
+            problems.append(f"{rel}: token ids {low}..{top} are not all within the vocabulary (0..{vocab - 1})")
         max_id = max(max_id, top)
-        per_rank[entry["rank"]] = per_rank.get(entry["rank"], 0) + count
-    expected, ranks = manifest["samples_per_rank"], manifest["ranks"]
-    if manifest.get("layout", "per_rank") == "per_rank":
+        if entry["rank"] is not None:
+            per_rank[entry["rank"]] = per_rank.get(entry["rank"], 0) + count
+    expected = manifest["samples_per_rank"]
+    if layout == "per_rank":
         for rank in range(ranks):
-            if per_rank.get(rank, 0) != expected and not any(p for p in problems if f"rank-{rank:04d}/" in p):
+            if per_rank.get(rank, 0) != expected and not any(f"rank-{rank:04d}/" in p for p in problems):
                 problems.append(f"rank {rank}: {per_rank.get(rank, 0)} samples, expected {expected}")
-    elif not problems:
+    elif "global_ranks" in results:
         # global: the ranks are MindDataset's own split of the file list (num_shards, shard_id)
-        per_rank = global_rank_sizes([os.path.join(root, e["path"]) for e in manifest["files"]], ranks)
+        per_rank = {int(r): n for r, n in results["global_ranks"]["sizes"].items()}
         if set(per_rank.values()) != {expected}:
             problems.append(f"MindDataset(num_shards={ranks}) gives ranks {per_rank} samples, expected {expected} each")
-    listed = {os.path.normpath(e["path"]) for e in manifest["files"]}
-    for r, _, names in os.walk(root):
-        for name in names:
-            rel = os.path.normpath(os.path.relpath(os.path.join(r, name), root))
-            if MINDRECORD_NAME.search(name) and rel not in listed:
-                problems.append(f"{rel}: a MindRecord file the manifest does not list (mindformers' dataset_dir would read it)")
-    totals = {"files": len(manifest["files"]), "samples": sum(per_rank.values()), "ranks": ranks,
-              "samples_per_rank": per_rank, "max_token_id": max_id, "vocab_size": vocab}
+    elif not problems:
+        problems.append(f"MindDataset(num_shards={ranks}) could not split the files: {results.get('_split_error', '?')}")
+    totals.update(samples=sum(per_rank.values()), samples_per_rank=per_rank, max_token_id=max_id,
+                  rows_checked=True)
     return problems, totals
 
 
-MINDRECORD_NAME = re.compile(r"\.mindrecord\d*$")  # what mindformers' loader collects under dataset_dir
+_ROW_MARK = "corpusmill-rows "
+_ROW_CHILD = "import sys; from stages.shard import _row_child; _row_child()"
+
+
+def _row_child() -> None:
+    """In a child process: read back each file named on stdin, one marked JSON line per file on
+    stdout ({"start": rel} first, so the parent knows which file a crash happened in)."""
+    import json
+    import sys
+
+    job = json.loads(sys.stdin.read())
+
+    def say(obj: dict) -> None:
+        sys.stdout.write(_ROW_MARK + json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    for rel, path in job["files"]:
+        say({"start": rel})
+        try:
+            count, digest, top, low = _read_all(path, job["window"])
+            say({"rel": rel, "count": count, "digest": digest, "top": top, "low": low})
+        except Exception as e:  # noqa: BLE001 - MindSpore's C++ reader raises RuntimeError with pages of text
+            say({"rel": rel, "error": (str(e).splitlines() or [type(e).__name__])[0][:200]})
+    if job.get("global_ranks"):
+        say({"start": "_global_split"})
+        try:
+            sizes = global_rank_sizes([p for _, p in job["files"]], job["global_ranks"])
+            say({"rel": "global_ranks", "sizes": sizes})
+        except Exception as e:  # noqa: BLE001
+            say({"rel": "_split_error", "error": (str(e).splitlines() or ["?"])[0][:200]})
+    os._exit(0)  # skip MindSpore's interpreter teardown: the results are out
+
+
+def read_rows_isolated(files: list[tuple[str, str]], window: int, global_ranks: Optional[int] = None,
+                       timeout: float = 600.0) -> dict[str, dict]:
+    """Read back every (name, path) through MindDataset in a child Python process (a fresh
+    interpreter: a process that forks after MindSpore use can deadlock). A child that crashes
+    (SIGSEGV, abort) or hangs is reported against the file it was reading, and a new child goes on
+    with the files after it. Returns name -> {count, digest, top, low} or {error}."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "GLOG_v": os.environ.get("GLOG_v", "3"),
+           "PYTHONPATH": os.pathsep.join([here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    results: dict[str, dict] = {}
+    pending, want_split = list(files), global_ranks is not None
+    while True:
+        job = {"files": [list(f) for f in pending], "window": window, "global_ranks": global_ranks if want_split else None}
+        try:
+            proc = subprocess.run([sys.executable, "-c", _ROW_CHILD], input=json.dumps(job), capture_output=True,
+                                  text=True, errors="replace", timeout=timeout, env=env, cwd=here)
+            out, why = proc.stdout, None
+            if proc.returncode < 0:
+                why = f"MindSpore's reader crashed on it (killed by {signal.Signals(-proc.returncode).name})"
+            elif proc.returncode:
+                why = f"MindSpore's reader exited with code {proc.returncode}"
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            why = f"MindSpore's reader did not finish within {timeout:.0f} s"
+        started: Optional[str] = None
+        for line in out.splitlines():
+            if line.startswith(_ROW_MARK):
+                msg = json.loads(line[len(_ROW_MARK):])
+                started = msg["start"] if "start" in msg else None
+                if "rel" in msg:
+                    results[msg["rel"]] = msg
+        if not why:
+            for rel, _ in pending:
+                results.setdefault(rel, {"error": "MindSpore's reader gave no result for it"})
+            break
+        culprit = started or next((rel for rel, _ in pending if rel not in results), None) or \
+            ("_global_split" if want_split else None)
+        if culprit is None:
+            break  # it died after reporting everything
+        results["_split_error" if culprit == "_global_split" else culprit] = {"error": why}
+        pending = [f for f in pending if f[0] not in results]
+        want_split = want_split and "global_ranks" not in results and "_split_error" not in results
+        if not pending and not want_split:
+            break
+    return results
 
 
 def global_rank_sizes(files: list[str], ranks: int) -> dict[int, int]:
@@ -371,15 +453,18 @@ def global_rank_sizes(files: list[str], ranks: int) -> dict[int, int]:
             .get_dataset_size() for r in range(ranks)}
 
 
-def _read_all(path: str, window: int) -> tuple[int, int, int]:
+def _read_all(path: str, window: int) -> tuple[int, int, int, int]:
+    """(samples, content hash, largest id, smallest id) of one file, every sample read through
+    MindDataset; ShardError on a sample that is not `window` int32 ids."""
     import mindspore.dataset as ds
 
     data = ds.MindDataset([path], columns_list=["input_ids"], shuffle=False, num_parallel_workers=1)
-    count, digest, top = 0, 0, -1
+    count, digest, top, low = 0, 0, -1, 0
     for (batch,) in data.batch(1024).create_tuple_iterator(output_numpy=True, num_epochs=1):
         if batch.ndim != 2 or batch.shape[1] != window or batch.dtype != np.int32:
             raise ShardError(f"samples of shape {batch.shape[1:]} {batch.dtype}, expected ({window},) int32")
         count += len(batch)
         digest = (digest + sum(_row_digest(r) for r in batch)) % (1 << 64)
         top = max(top, int(batch.max()))
-    return count, digest, top
+        low = min(low, int(batch.min()))
+    return count, digest, top, low

@@ -1,26 +1,60 @@
-"""Shard manifest checks and the per-rank MindDataset reader."""
+"""Shard checks before training and the per-rank MindDataset reader."""
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
-from typing import Any, Optional
+import time
+from typing import Any, Callable, Optional
 
-
-class ShardMismatch(ValueError):
-    """The shards do not fit the model (sequence length, vocabulary) or are incomplete."""
+from stages import manifest as mf
+from stages.manifest import ShardMismatch  # noqa: F401 - raised by the checks here; cli.main prints it as one line
 
 
 def load_manifest(shards_dir: str) -> dict[str, Any]:
-    path = Path(shards_dir) / "manifest.json"
-    if not path.is_file():
-        raise ShardMismatch(f"{path} does not exist: not a finished corpusmill shard directory")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    for entry in manifest["files"]:
-        f = Path(shards_dir) / entry["path"]
-        if not f.is_file() or not Path(str(f) + ".db").is_file():
-            raise ShardMismatch(f"shard file {f} (or its .db) listed in {path} is missing")
+    """The shard folder's manifest, refused (ShardMismatch, one line) when it is damaged, disagrees
+    with itself, or lists a file that is missing or outside the folder. Reads no file contents."""
+    manifest = mf.load(shards_dir)
+    problems = mf.layout_problems(shards_dir, manifest)
+    if problems:
+        raise ShardMismatch(mf.summary_line(shards_dir, problems) + VERIFY_HINT.format(dir=shards_dir))
     return manifest
+
+
+VERIFY_HINT = "; `corpusmill shards verify {dir}` lists every problem"
+
+
+def check_shards(shards_dir: str, verify: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """What training checks before it starts: the manifest and the layout always; with `verify`, also
+    the size and sha256 of every file, the tokenizer against the manifest, each file's header and
+    index, and the first sample's length. One ShardMismatch line for whatever does not check out."""
+    manifest = load_manifest(shards_dir)
+    if not verify:
+        log("train: --no-verify: shard checksums, tokenizer and indexes not checked")
+        return manifest
+    started = time.perf_counter()
+    problems = mf.content_problems(shards_dir, manifest)
+    if problems:
+        raise ShardMismatch(mf.summary_line(shards_dir, problems) + VERIFY_HINT.format(dir=shards_dir)
+                            + " (--no-verify trains anyway)")
+    first = manifest["files"][0]
+    length = _first_sample_length(os.path.join(shards_dir, first["path"]))
+    if length != manifest["sample_length"]:
+        raise ShardMismatch(f"shards in {shards_dir} do not check out: {first['path']} holds samples of {length} ids, "
+                            f"the manifest says sample_length {manifest['sample_length']} (seq_length + 1)")
+    size = sum(e["bytes"] for e in manifest["files"])
+    seconds = time.perf_counter() - started
+    log(f"train: shards checked against the manifest: {len(manifest['files'])} files, {size / 1e6:.1f} MB sha256 "
+        f"in {seconds:.2f} s, tokenizer and indexes match")
+    return manifest
+
+
+def _first_sample_length(path: str) -> int:
+    """Ids in the first sample of a file (only called once its sha256 and index have checked out)."""
+    import mindspore.dataset as ds
+
+    data = ds.MindDataset([path], columns_list=["input_ids"], shuffle=False, num_parallel_workers=1, num_samples=1)
+    for (row,) in data.create_tuple_iterator(output_numpy=True, num_epochs=1):
+        return int(row.shape[0]) if row.ndim == 1 else -1
+    return 0
 
 
 def check_model_fits(manifest: dict[str, Any], seq_length: Optional[int], vocab_size: Optional[int]) -> tuple[int, int]:

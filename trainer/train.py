@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from . import checkpoint
-from .data import ShardMismatch, check_model_fits, load_manifest, rank_dataset, rank_files
+from .data import ShardMismatch, check_model_fits, check_shards, load_manifest, rank_dataset, rank_files
 from .precision import DynamicLossScaler, compute_dtype
 from .workers import choose as choose_workers
 
@@ -173,10 +173,13 @@ def _diagnose_first_batch(batch: np.ndarray, session: _Session, tcfg: Any, warmu
 
 
 def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] = print, resume: bool = False,
-          stop_after: Optional[int] = None) -> dict[str, Any]:
+          stop_after: Optional[int] = None, verify: bool = True) -> dict[str, Any]:
     """Train for `tcfg.steps` optimizer steps on rank `tcfg.rank`'s share; with `resume`, continue
     from the newest checkpoint in OUT/checkpoints at the exact next batch. `stop_after` ends this
-    process after that many steps (a time-boxed job; resume it later)."""
+    process after that many steps (a time-boxed job; resume it later). The shards are checked
+    against their manifest first (sizes, sha256, tokenizer, indexes); `verify=False` checks only the
+    manifest and that the files are there."""
+    check_shards(shards_dir, verify, log)  # before MindSpore: damaged shards are refused in seconds
     warmup = tcfg.warmup_steps if tcfg.warmup_steps is not None else max(1, round(0.02 * tcfg.steps))
     lrs = lr_schedule(tcfg.steps, tcfg.lr, warmup, tcfg.min_lr_ratio)
     session = _Session(shards_dir, tcfg, lrs, log)
@@ -305,10 +308,11 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
 
 
 def lr_find(shards_dir: str, tcfg: Any, steps: int = 60, low: float = 1e-5, high: float = 1.0,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
+            log: Callable[[str], None] = print, verify: bool = True) -> dict[str, Any]:
     """A learning-rate range test: the rate grows exponentially from `low` to `high` over `steps`
     steps (no warmup, no decay); the loss is smoothed (EMA 0.8). Reports the largest rate at which
     the smoothed loss still falls steadily (over each of the 3 steps before it) and a rate 25% below."""
+    check_shards(shards_dir, verify, log)
     lrs = (low * (high / low) ** (np.arange(steps) / max(1, steps - 1))).astype(np.float32)
     session = _Session(shards_dir, tcfg, lrs, log)
     raw, smooth, used, avg = [], [], [], None

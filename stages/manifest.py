@@ -1,0 +1,429 @@
+"""The shard manifest (`shards/manifest.json`): the one place that loads it and checks what it claims.
+
+`load` parses it and refuses anything that is not a well-formed corpusmill manifest (not JSON,
+missing keys, wrong types, an unknown `format` tag, a path that is absolute or climbs out with
+`..`), with one clear message and never a traceback. `layout_problems` checks what costs no more
+than a stat: the manifest agrees with itself (sample length, ranks x files, samples per rank,
+special ids in range, each file's name against its rank) and every listed path exists inside the
+folder (no symlink out). `content_problems` reads the bytes: size and sha256 of every `.mindrecord`
+and `.db` and of the tokenizer, the tokenizer's own vocabulary and special ids, each MindRecord
+header and index naming its own file (a `.mindrecord` moved without its `.db` crashes MindSpore's
+reader), the row count in each index, and MindRecord files the manifest does not list. Nothing
+here imports MindSpore; checksums are checked before any file is opened by a parser.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import struct
+from typing import Any, Optional
+
+FORMAT = "corpusmill-shards/1"
+MANIFEST_NAME = "manifest.json"
+MINDRECORD_NAME = re.compile(r"\.mindrecord\d*$")  # what mindformers' loader collects under dataset_dir
+_PER_RANK_NAME = re.compile(r"^rank-(\d{4})/corpus-r(\d{4})-f(\d{2,})\.mindrecord$")
+_GLOBAL_NAME = re.compile(r"^corpus\.mindrecord(\d+)$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_MAX_HEADER = 64 << 20  # a MindRecord header larger than this is damage, not a header
+
+
+class ShardMismatch(ValueError):
+    """The shards are damaged, do not match their manifest, or do not fit the model."""
+
+
+_INT = "int"
+_TOP_KEYS: dict[str, Any] = {
+    "format": str, "seq_length": _INT, "sample_length": _INT, "vocab_size": _INT, "tokenizer": dict, "ranks": _INT,
+    "files_per_rank": _INT, "samples_per_rank": _INT, "total_samples": _INT, "files": list,
+}
+_OPTIONAL_TOP: dict[str, Any] = {"layout": str, "columns": dict, "pack_mode": str}
+_TOKENIZER_KEYS: dict[str, Any] = {
+    "path": str, "sha256": str, "vocab_size": _INT, "bos_id": _INT, "eos_id": _INT, "unk_id": _INT, "pad_id": _INT,
+    "pad_source": str,
+}
+_FILE_KEYS: dict[str, Any] = {"path": str, "rank": (_INT, None), "samples": _INT, "sha256": str, "db_sha256": str,
+                              "bytes": _INT}
+_OPTIONAL_FILE: dict[str, Any] = {"tokens": _INT, "pad_tokens": _INT, "rows_xxh3_sum": _INT}
+
+
+def _is(value: Any, kind: Any) -> bool:
+    if isinstance(kind, tuple):
+        return any(_is(value, k) for k in kind)
+    if kind is None:
+        return value is None
+    if kind == _INT:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _kind_name(kind: Any) -> str:
+    if isinstance(kind, tuple):
+        return " or ".join(_kind_name(k) for k in kind)
+    return {None: "null", _INT: "an integer", str: "a string", dict: "an object", list: "a list"}[kind]
+
+
+def _keys(obj: dict, required: dict, optional: dict, where: str) -> list[str]:
+    problems = []
+    missing = [k for k in required if k not in obj]
+    if missing:
+        problems.append(f"{where} misses key(s) {', '.join(missing)}")
+    for key, kind in {**required, **optional}.items():
+        if key in obj and not _is(obj[key], kind):
+            problems.append(f"{where}.{key} is {_show(obj[key])}, expected {_kind_name(kind)}")
+    return problems
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def unsafe_path(rel: str) -> Optional[str]:
+    """Why a manifest path is not a plain relative path inside the folder (None when it is)."""
+    if not rel or "\x00" in rel:
+        return "is empty or holds a NUL byte"
+    if os.path.isabs(rel) or rel.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", rel):
+        return "is an absolute path"
+    if ".." in re.split(r"[\\/]", rel):
+        return "climbs out of the folder with '..'"
+    return None
+
+
+def structure_problems(manifest: Any) -> list[str]:
+    """Keys, types, the format tag and path syntax: what must hold before any value is used."""
+    if not isinstance(manifest, dict):
+        return [f"is {type(manifest).__name__}, not a JSON object"]
+    fmt = manifest.get("format")
+    if "format" not in manifest:
+        return ["has no `format` tag: not a corpusmill shard manifest"]
+    if fmt != FORMAT:
+        hint = ("written by a newer corpusmill" if isinstance(fmt, str) and fmt.startswith("corpusmill-shards/")
+                else "not a corpusmill shard manifest")
+        return [f"format is {_show(fmt)}, expected {FORMAT!r} ({hint})"]
+    problems = _keys(manifest, _TOP_KEYS, _OPTIONAL_TOP, "manifest")
+    if isinstance(manifest.get("tokenizer"), dict):
+        problems += _keys(manifest["tokenizer"], _TOKENIZER_KEYS, {}, "tokenizer")
+    files = manifest.get("files")
+    if isinstance(files, list):
+        if not files:
+            problems.append("lists no files")
+        for i, entry in enumerate(files):
+            if not isinstance(entry, dict):
+                problems.append(f"files[{i}] is {_show(entry)}, expected an object")
+                continue
+            problems += _keys(entry, _FILE_KEYS, _OPTIONAL_FILE, f"files[{i}]")
+    if problems:
+        return problems
+    tok = manifest["tokenizer"]
+    for where, rel in [("tokenizer.path", tok["path"])] + [(f"files[{i}].path", e["path"]) for i, e in enumerate(files)]:
+        why = unsafe_path(rel)
+        if why:
+            problems.append(f"{where} {_show(rel)} {why}: every path must stay inside the shard folder")
+    for where, value in [("tokenizer.sha256", tok["sha256"])] + [
+            (f"files[{i}].{k}", e[k]) for i, e in enumerate(files) for k in ("sha256", "db_sha256")]:
+        if not _SHA256.match(value):
+            problems.append(f"{where} {_show(value)} is not a sha256 (64 lowercase hex digits)")
+    for key in ("seq_length", "sample_length", "vocab_size", "ranks", "files_per_rank"):
+        if manifest[key] < 1:
+            problems.append(f"{key} is {manifest[key]}, expected at least 1")
+    for key in ("samples_per_rank", "total_samples"):
+        if manifest[key] < 0:
+            problems.append(f"{key} is {manifest[key]}, expected at least 0")
+    for i, e in enumerate(files):
+        if e["samples"] < 0 or e["bytes"] < 0:
+            problems.append(f"files[{i}] has a negative sample or byte count")
+    if manifest.get("layout", "per_rank") not in ("per_rank", "global"):
+        problems.append(f"layout is {_show(manifest['layout'])}, expected 'per_rank' or 'global'")
+    paths = [os.path.normpath(e["path"]) for e in files]
+    if len(set(paths)) != len(paths):
+        problems.append("lists the same file more than once")
+    return problems
+
+
+def load(shards_dir: str) -> dict[str, Any]:
+    """The parsed manifest of a shard folder; ShardMismatch with one clear line if it is missing,
+    not JSON, or not a well-formed corpusmill manifest."""
+    path = os.path.join(shards_dir, MANIFEST_NAME)
+    if not os.path.isfile(path):
+        raise ShardMismatch(f"{path} does not exist: not a finished corpusmill shard directory")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(64 << 20)
+        manifest = json.loads(raw.decode("utf-8"))
+    except OSError as e:
+        raise ShardMismatch(f"{path} cannot be read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ShardMismatch(f"{path} is not UTF-8 text: the manifest is damaged") from None
+    except (ValueError, RecursionError) as e:
+        raise ShardMismatch(f"{path} is not valid JSON ({_first_line(e)}): the manifest is damaged") from None
+    problems = structure_problems(manifest)
+    if problems:
+        raise ShardMismatch(f"{path} {_one_line(problems)}")
+    return manifest
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:200]
+
+
+def _one_line(problems: list[str]) -> str:
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return problems[0].replace("\n", " ") + more
+
+
+def summary_line(shards_dir: str, problems: list[str]) -> str:
+    """One line for a refusal: the first problem and how many more."""
+    return f"shards in {shards_dir} do not check out: {_one_line(problems)}"
+
+
+def inside(root: str, rel: str) -> tuple[str, Optional[str]]:
+    """(absolute path, why it is not usable) for a manifest path: it must resolve, through any
+    symlinks, to a place inside `root`."""
+    path = os.path.join(root, rel)
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real_root, real]) != real_root:
+        return path, f"resolves to {real}, outside the shard folder (a symlink out?)"
+    return path, None
+
+
+def layout_problems(shards_dir: str, manifest: dict[str, Any]) -> list[str]:
+    """Checks that read no file: the manifest agrees with itself, and every listed file and its
+    `.db` exist inside the folder."""
+    problems = consistency_problems(manifest)
+    root = os.path.abspath(shards_dir)
+    for entry in manifest["files"]:
+        rel = entry["path"]
+        path, why = inside(root, rel)
+        db, why_db = inside(root, rel + ".db")
+        if why or why_db:
+            problems.append(f"{rel}: {why or why_db.replace('resolves', 'its .db resolves')}")
+            continue
+        missing = [p for p in (path, db) if not os.path.isfile(p)]
+        if missing:
+            problems.append(f"{rel}: missing {', '.join(os.path.basename(m) for m in missing)}")
+    return problems
+
+
+def consistency_problems(m: dict[str, Any]) -> list[str]:
+    """The manifest's numbers against each other: nothing here reads a file."""
+    problems = []
+    ranks, fpr, files = m["ranks"], m["files_per_rank"], m["files"]
+    if m["sample_length"] != m["seq_length"] + 1:
+        problems.append(f"sample_length {m['sample_length']} is not seq_length {m['seq_length']} + 1")
+    shape = (((m.get("columns") or {}).get("input_ids") or {}).get("shape"))
+    if shape is not None and shape != [m["sample_length"]]:
+        problems.append(f"columns.input_ids.shape {_show(shape)} is not [{m['sample_length']}] (sample_length)")
+    tok = m["tokenizer"]
+    if tok["vocab_size"] != m["vocab_size"]:
+        problems.append(f"vocab_size {m['vocab_size']} differs from tokenizer.vocab_size {tok['vocab_size']}")
+    vocab = m["vocab_size"]
+    for key in ("eos_id", "pad_id", "unk_id", "bos_id"):
+        value = tok[key]
+        optional = key == "bos_id" and not tok.get("add_bos") or key == "eos_id" and not tok.get("add_eos")
+        if not (0 <= value < vocab or (optional and value == -1)):
+            problems.append(f"tokenizer.{key} {value} is outside the vocabulary (0..{vocab - 1})")
+    if len(files) != ranks * fpr:
+        problems.append(f"ranks {ranks} x files_per_rank {fpr} = {ranks * fpr} files, but the manifest lists {len(files)}")
+    layout = m.get("layout", "per_rank")
+    per_rank: dict[int, list[int]] = {}
+    for i, e in enumerate(files):
+        rel, rank = e["path"].replace("\\", "/"), e["rank"]
+        if layout == "global":
+            if rank is not None:
+                problems.append(f"{e['path']}: rank {rank} in a global layout (MindDataset splits the files; expected null)")
+            if not _GLOBAL_NAME.match(rel):
+                problems.append(f"{e['path']}: not a global-layout file name (corpus.mindrecordNN)")
+            continue
+        named = _PER_RANK_NAME.match(rel)
+        if rank is None or not 0 <= rank < ranks:
+            problems.append(f"{e['path']}: rank {rank} does not exist (ranks {ranks})")
+        elif not named:
+            problems.append(f"{e['path']}: not a per-rank file name (rank-NNNN/corpus-rNNNN-fNN.mindrecord)")
+        elif not int(named.group(1)) == int(named.group(2)) == rank:
+            problems.append(f"{e['path']}: listed for rank {rank} but its name says rank {int(named.group(2))} "
+                            "(ranks swapped or edited in the manifest)")
+        if rank is not None:
+            per_rank.setdefault(rank, []).append(e["samples"])
+    if layout == "per_rank":
+        for rank in range(ranks):
+            got = per_rank.get(rank, [])
+            if len(got) != fpr:
+                problems.append(f"rank {rank}: {len(got)} files listed, expected files_per_rank {fpr}")
+            elif sum(got) != m["samples_per_rank"]:
+                problems.append(f"rank {rank}: its files list {sum(got)} samples, samples_per_rank says {m['samples_per_rank']}")
+    total = sum(e["samples"] for e in files)
+    if total != m["total_samples"] or m["total_samples"] != ranks * m["samples_per_rank"]:
+        problems.append(f"files list {total} samples; total_samples {m['total_samples']}; ranks {ranks} x "
+                        f"samples_per_rank {m['samples_per_rank']} = {ranks * m['samples_per_rank']}: they must agree")
+    for e in files:
+        if "tokens" in e and "pad_tokens" in e and e["tokens"] + e["pad_tokens"] != e["samples"] * m["sample_length"]:
+            problems.append(f"{e['path']}: tokens {e['tokens']} + pad_tokens {e['pad_tokens']} is not samples "
+                            f"{e['samples']} x sample_length {m['sample_length']}")
+    return problems
+
+
+def _sha256_bytes(path: str) -> tuple[str, bytes]:
+    """sha256 and the bytes of a small file, read once (what is hashed is what is parsed)."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        data = f.read()
+    return hashlib.sha256(data).hexdigest(), data
+
+
+def tokenizer_problems(shards_dir: str, manifest: dict[str, Any]) -> list[str]:
+    """The tokenizer file's sha256, then its own vocabulary and special ids against the manifest."""
+    import sentencepiece as spm
+
+    tok = manifest["tokenizer"]
+    rel = tok["path"]
+    path, why = inside(os.path.abspath(shards_dir), rel)
+    if why:
+        return [f"tokenizer {rel}: {why}"]
+    if not os.path.isfile(path):
+        return [f"tokenizer {rel}: missing (the manifest's tokenizer file is gone)"]
+    try:
+        digest, data = _sha256_bytes(path)
+    except OSError as e:
+        return [f"tokenizer {rel}: cannot be read: {e.strerror or e}"]
+    if digest != tok["sha256"]:
+        return [f"tokenizer {rel}: sha256 differs from the manifest's tokenizer.sha256 (file replaced or altered, "
+                "or the manifest edited)"]
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.LoadFromSerializedProto(data)
+    except Exception as e:  # noqa: BLE001 - sentencepiece raises bare RuntimeError/OSError
+        return [f"tokenizer {rel}: not a SentencePiece model ({_first_line(e)})"]
+    vocab = sp.GetPieceSize()
+    problems = []
+    if vocab != manifest["vocab_size"] or vocab != tok["vocab_size"]:
+        problems.append(f"tokenizer {rel} has {vocab} pieces but the manifest says vocab_size {manifest['vocab_size']} "
+                        f"(tokenizer.vocab_size {tok['vocab_size']})")
+    own = {"bos_id": sp.bos_id(), "eos_id": sp.eos_id(), "unk_id": sp.unk_id()}
+    source = tok["pad_source"]
+    if source == "tokenizer":
+        own["pad_id"] = sp.pad_id()
+    elif source.startswith("unk"):
+        own["pad_id"] = sp.unk_id()
+    for key, value in own.items():
+        if tok[key] != value:
+            piece = sp.IdToPiece(value) if 0 <= value < vocab else "none"
+            problems.append(f"tokenizer.{key} is {tok[key]} but the tokenizer's own {key.split('_')[0]} piece "
+                            f"({piece}) is {value}")
+    if source == "config" and not 0 <= tok["pad_id"] < vocab:
+        problems.append(f"tokenizer.pad_id {tok['pad_id']} is outside the tokenizer's vocabulary (0..{vocab - 1})")
+    return problems
+
+
+def read_header(path: str) -> dict[str, Any]:
+    """A MindRecord file's JSON header (8-byte little-endian length, then JSON), read in Python."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError("shorter than a MindRecord header")
+        (size,) = struct.unpack("<Q", head)
+        if not 0 < size <= min(_MAX_HEADER, os.path.getsize(path) - 8):
+            raise ValueError(f"header length {size} does not fit the file")
+        header = json.loads(f.read(size).decode("utf-8"))
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    return header
+
+
+def index_facts(db_path: str) -> tuple[str, int]:
+    """(the file name a MindRecord index was written for, its row count), through sqlite read-only:
+    the index is never written to, and no journal appears in the shard folder."""
+    from urllib.parse import quote
+
+    con = sqlite3.connect(f"file:{quote(os.path.abspath(db_path))}?mode=ro&immutable=1", uri=True)
+    try:
+        names = con.execute("SELECT NAME FROM SHARD_NAME").fetchall()
+        (rows,) = con.execute("SELECT COUNT(*) FROM INDEXES").fetchone()
+    finally:
+        con.close()
+    if len(names) != 1 or not isinstance(names[0][0], str):
+        raise ValueError(f"SHARD_NAME holds {len(names)} names")
+    return names[0][0], int(rows)
+
+
+def pairing_problems(path: str, rel: str, samples: Optional[int]) -> list[str]:
+    """A `.mindrecord` and its `.db` must name each other's file: MindSpore's reader follows the
+    header's own name and crashes (SIGSEGV) on a file moved or swapped without its index."""
+    name = os.path.basename(path)
+    try:
+        header = read_header(path)
+        addresses = header.get("shard_addresses")
+        pages = header.get("page") or []
+        header_rows = sum(int(p["end_row_id"]) - int(p["start_row_id"]) for p in pages
+                          if isinstance(p, dict) and p.get("page_type") == "BLOB_DATA")
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as e:
+        return [f"{rel}: MindRecord header unreadable ({_first_line(e)}): damaged or not a MindRecord file"]
+    problems = []
+    if not isinstance(addresses, list) or [os.path.basename(str(a)) for a in addresses] != [name]:
+        problems.append(f"{rel}: its MindRecord header names {_show(addresses)}, not {name}: a file moved, renamed or "
+                        "swapped without its .db (MindSpore's reader would crash on it)")
+    try:
+        db_name, db_rows = index_facts(path + ".db")
+    except (sqlite3.Error, ValueError, OSError) as e:
+        return problems + [f"{rel}.db: not a readable MindRecord index ({_first_line(e)})"]
+    if os.path.basename(db_name) != name:
+        problems.append(f"{rel}.db: the index was written for {db_name}, not {name}: .mindrecord and .db swapped or "
+                        "renamed apart")
+    if db_rows != header_rows:
+        problems.append(f"{rel}: header counts {header_rows} rows, its .db indexes {db_rows}")
+    if samples is not None and db_rows != samples:
+        problems.append(f"{rel}: {db_rows} samples in its index, manifest says {samples}")
+    return problems
+
+
+def content_problems(shards_dir: str, manifest: dict[str, Any], hash_files: bool = True) -> list[str]:
+    """Size and sha256 of every listed file and `.db` (checked before any parser opens them), the
+    tokenizer, each file's header/index pairing and row count, and unlisted MindRecord files."""
+    from .base import file_sha256
+
+    root = os.path.abspath(shards_dir)
+    problems = tokenizer_problems(root, manifest)
+    for entry in manifest["files"]:
+        rel = entry["path"]
+        path, why = inside(root, rel)
+        if why or not os.path.isfile(path) or not os.path.isfile(path + ".db"):
+            continue  # layout_problems names it
+        size = os.path.getsize(path) + os.path.getsize(path + ".db")
+        if size != entry["bytes"]:
+            problems.append(f"{rel}: sha256 differs from the manifest (file altered or truncated: {size:,} bytes with "
+                            f"its .db, manifest says {entry['bytes']:,})")
+            continue
+        if hash_files:
+            bad = []
+            if file_sha256(path) != entry["sha256"]:
+                bad.append(f"{rel}: sha256 differs from the manifest (file altered or truncated)")
+            if file_sha256(path + ".db") != entry["db_sha256"]:
+                bad.append(f"{rel}.db: sha256 differs from the manifest")
+            if bad:
+                problems += bad
+                continue  # never parse a file whose bytes are not the ones written
+        problems += pairing_problems(path, rel, entry["samples"])
+    problems += unlisted_problems(root, manifest)
+    return problems
+
+
+def unlisted_problems(root: str, manifest: dict[str, Any]) -> list[str]:
+    """MindRecord files in the folder that the manifest does not list: mindformers' dataset_dir
+    collects every one, so a stray file would be trained on."""
+    listed = {os.path.normpath(e["path"]) for e in manifest["files"]}
+    problems = []
+    for folder, _, names in os.walk(root):
+        for name in sorted(names):
+            rel = os.path.normpath(os.path.relpath(os.path.join(folder, name), root))
+            if MINDRECORD_NAME.search(name) and rel not in listed:
+                problems.append(f"{rel}: a MindRecord file the manifest does not list (mindformers' dataset_dir "
+                                "would read it)")
+    return problems
+
+
+def check(shards_dir: str, manifest: dict[str, Any]) -> list[str]:
+    """Every check that needs no MindSpore: layout, then contents of the files that are present."""
+    return layout_problems(shards_dir, manifest) + content_problems(shards_dir, manifest)
