@@ -2,6 +2,13 @@
 
 The pipeline checks the balance itself, per stage and overall, and refuses to finish a run whose
 counts do not add up.
+
+`lost_input` is apart from that balance: the unreadable rest of a damaged file (a truncated or
+corrupt .gz / .zst stream, a Parquet file without a readable footer) holds an unknown number of
+documents, so it is counted in files and bytes (`bytes`: file bytes after the damage that could not
+be decoded; `partial_bytes`: decoded bytes of an incomplete record cut off by it), never as
+documents. A Parquet row group that cannot be decoded has a known row count: its rows are
+quarantined documents (one quarantine row with `rows`), inside the balance.
 """
 from __future__ import annotations
 
@@ -50,6 +57,8 @@ def build_ledger(stats: dict[str, dict], doc_stages: list[str]) -> dict[str, Any
     if problems:
         raise LedgerError("the document ledger does not add up: " + "; ".join(problems))
     ledger["balanced"] = True
+    lost = read.get("lost_input") or {}
+    ledger["lost_input"] = {k: int(lost.get(k, 0)) for k in ("files", "bytes", "partial_bytes")}
     ledger["blank_lines_skipped"] = int(read.get("blank_lines", 0))
     ledger["stages"] = stages
     if "tokenize" in stats:

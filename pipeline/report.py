@@ -38,6 +38,12 @@ def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: 
     lines += ["", f"Check: input {ledger['input']:,} = kept {ledger['kept']:,} + filtered {ledger['filtered']:,} + "
               f"duplicates {ledger['duplicates']:,} + quarantined {ledger['quarantined']:,}: "
               f"**{'balanced' if ledger.get('balanced') else 'NOT balanced'}**."]
+    lost = ledger.get("lost_input") or {}
+    if lost.get("files"):
+        lines.append(f"**Lost input** (outside the document count): {lost['files']:,} damaged file(s) could not be read "
+                     f"to the end: {lost.get('bytes', 0):,} file bytes after the damage and {lost.get('partial_bytes', 0):,} "
+                     f"bytes of incomplete records; each is one row with `lost_input` in `00-read/quarantine.jsonl`, "
+                     f"naming the last line read.")
     if ledger.get("blank_lines_skipped"):
         lines.append(f"({ledger['blank_lines_skipped']:,} blank input lines held no document and were skipped.)")
     lines.append("")

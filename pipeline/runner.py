@@ -253,7 +253,7 @@ class Pipeline:
         started = time.perf_counter()
         self._preflight()
         files = read.expand_inputs(cfg.input.paths)
-        identity = [(f, os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files]
+        identity = [(read.display_path(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files]
         h = cfg.section_hash("input", extra=identity)
         with dask_client(cfg.cluster, self.client_arg, self.log) as client:
             self.client = client
@@ -383,16 +383,23 @@ class Pipeline:
                 seg.first_line = running.get(seg.file_index, 0) + 1
                 running[seg.file_index] = running.get(seg.file_index, 0) + n
         opts = read.ReadOptions(ic.text_field, ic.id_field, ic.source_field, int(ic.part_size_mb * 2**20),
-                                sample=ic.sample, sample_seed=ic.sample_seed)
+                                sample=ic.sample, sample_seed=ic.sample_seed, on_error=ic.on_error)
         results = run_tasks(self.client, [delayed(read.read_unit)(u, opts, str(folder)) for u in units], "read")
         stats: dict = {}
         with open(folder / "quarantine.jsonl", "w", encoding="utf-8") as q:
             for r in results:
                 merge_stats(stats, r["stats"])
-                for rec in r["quarantine"]:
+                for rec in r["quarantine"]:  # the reader writes paths, reasons and snippets as valid UTF-8
                     q.write(json.dumps(rec, ensure_ascii=False) + "\n")
         stats["input_files"] = len(files)
         stats["removed"] = dict(stats.pop("quarantine_reasons", {}))
+        lost = stats.get("lost_input") or {}
+        if lost.get("files"):
+            self.log(f"  read: {lost['files']} damaged file(s): their unreadable rest ({lost['bytes']:,} file bytes "
+                     f"+ {lost['partial_bytes']:,} bytes of incomplete records) is lost input, outside the document "
+                     f"count; see {folder / 'quarantine.jsonl'} (rows with lost_input)")
+        if stats.get("docs_out", 0) == 0:
+            self.log("  read: no document survived reading (every record was quarantined or the input holds none)")
         self.extra["read"] = {"quarantine_examples": [rec for r in results for rec in r["quarantine"]][:20]}
         return stats
 

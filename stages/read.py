@@ -1,20 +1,37 @@
 """Read raw corpus files into document partitions; malformed records go to quarantine.
 
 Inputs: `.jsonl`, `.jsonl.gz`, `.jsonl.zst`, `.parquet`, `.txt` (one document per file), given as
-files, folders (searched recursively) or glob patterns. Every record ends either as a document
-(uid = file index << 32 | line) or as a quarantine record naming file, line and reason.
+files, folders (searched recursively, following links to folders) or glob patterns. Every real
+file is read once, however many paths, links or patterns lead to it; an unreadable file or folder
+is an error before any work (`InputError`), never a silent skip. File names that are not valid
+UTF-8 are kept as `str` with surrogate escapes (so they open) and written out in an escaped form
+(`display_path`).
+
+Every record ends either as a document (uid = file index << 32 | line) or as a quarantine row
+naming file, line, a reason code and an excerpt; no record stops a job (unless
+`input.on_error: fail`, which raises `InputError` with the same message at the first one).
+
+Damaged input that holds an unknown number of records - a truncated or corrupt `.gz` / `.zst`
+stream, a Parquet file whose footer cannot be read - is *lost input*: every record before the
+damage is read, and the rest is one quarantine row (`lost_input: true`, `after_line`,
+`lost_bytes`) that counts no document; the ledger reports it apart (`lost_input`), outside
+input = kept + filtered + duplicates + quarantined. A Parquet row group that cannot be decoded
+has a known row count: it is one quarantine row (`rows`, `documents`) whose rows count as
+quarantined documents.
 
 Work is planned as *units*: a slice of one large uncompressed JSONL file (read in parallel), or a
 group of small files. Each unit streams its input and writes bounded Parquet parts.
 """
 from __future__ import annotations
 
-import glob
-import gzip
+import codecs
+import fnmatch
 import io
 import json
 import os
+import stat
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -28,10 +45,34 @@ from .base import DOC_SCHEMA, write_table_atomic
 SUFFIXES = (".jsonl.gz", ".jsonl.zst", ".jsonl", ".parquet", ".txt")
 MAX_LINES_PER_FILE = 1 << 32  # uid = file_index << 32 | line
 SNIPPET_CHARS = 200
+MAX_NESTING = 200  # deeper JSON records are quarantined: later stages parse `meta` again on deep stacks
+STREAM_CHUNK = 64 << 10  # compressed bytes fed to a decompressor at a time
+MAX_CHUNK_OUT = 8 << 20  # decompressed bytes taken from one gzip feed at a time
+_BOM = codecs.BOM_UTF8
 
 
 class InputError(ValueError):
-    """The input paths cannot be used at all (nothing matched, unsupported file)."""
+    """The input cannot be used (nothing matched, unsupported or unreadable file), or a bad
+    record was met with `input.on_error: fail`."""
+
+
+def display_path(path: str) -> str:
+    """A path as valid UTF-8 text: bytes that are not UTF-8 (kept as surrogate escapes in `str`)
+    are shown as \\xNN, so the path can be written to Parquet, JSON and the terminal."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _safe_text(text: str) -> str:
+    """`text` with lone surrogates shown as \\udXXX (valid UTF-8 for JSON and Parquet)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def file_kind(path: str) -> Optional[str]:
@@ -42,28 +83,181 @@ def file_kind(path: str) -> Optional[str]:
     return None
 
 
+# ---- finding the input files --------------------------------------------------------------
+
+def _unreadable(what: str, path: str, err: OSError) -> InputError:
+    reason = err.strerror or str(err)
+    return InputError(f"cannot read input {what} {display_path(path)}: {reason} (fix its permissions or leave it out "
+                      f"of input.paths; nothing was read)")
+
+
+def _list_dir(path: str) -> list[os.DirEntry]:
+    try:
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError as e:
+        raise _unreadable("folder", path, e) from None
+
+
+def _dir_key(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _walk_files(top: str, visited: set) -> Iterator[str]:
+    """Every entry under `top` that is not a folder, following links to folders; each real
+    folder is listed once (a link loop ends), an unreadable folder raises InputError."""
+    stack = [top]
+    while stack:
+        folder = stack.pop()
+        try:
+            key = _dir_key(folder)
+        except OSError as e:
+            raise _unreadable("folder", folder, e) from None
+        if key in visited:
+            continue
+        visited.add(key)
+        subdirs = []
+        for entry in _list_dir(folder):
+            try:
+                is_dir = entry.is_dir()  # follows links
+            except OSError:
+                is_dir = False
+            if is_dir:
+                subdirs.append(entry.path)
+            else:
+                yield entry.path
+        stack.extend(reversed(subdirs))
+
+
+def _has_magic(s: str) -> bool:
+    return any(ch in s for ch in "*?[")
+
+
+def _glob(pattern: str) -> list[str]:
+    """glob.glob(pattern, recursive=True) without its silences: an unreadable folder on the way
+    raises InputError, and `**` lists each real folder once (links are followed, loops end).
+    Like glob, wildcards do not match names that start with a dot."""
+    drive_root = os.sep if pattern.startswith(os.sep) else ""
+    comps = [c for c in pattern.split(os.sep) if c not in ("",)]
+    first = next(i for i, c in enumerate(comps) if _has_magic(c))
+    root = drive_root + os.sep.join(comps[:first]) if first else (drive_root or "")
+    rest = comps[first:]
+    found: list[str] = []
+    visited: set = set()
+
+    def join(base: str, name: str) -> str:
+        return os.path.join(base, name) if base else name
+
+    def is_dir(path: str) -> bool:
+        return os.path.isdir(path or ".")
+
+    def match(path: str, i: int) -> None:
+        if i == len(rest):
+            found.append(path)
+            return
+        comp = rest[i]
+        if not is_dir(path):
+            return
+        if comp == "**":
+            try:
+                key = (i, *_dir_key(path or "."))
+            except OSError as e:
+                raise _unreadable("folder", path or ".", e) from None
+            if key in visited:  # a real folder seen before at this point of the pattern (a link, a loop)
+                return
+            visited.add(key)
+            match(path, i + 1)
+            for entry in _list_dir(path or "."):
+                if entry.name.startswith("."):
+                    continue
+                child = join(path, entry.name)
+                try:
+                    child_is_dir = entry.is_dir()
+                except OSError:
+                    child_is_dir = False
+                if child_is_dir:
+                    match(child, i)
+                elif i + 1 == len(rest):
+                    found.append(child)
+            return
+        if not _has_magic(comp):
+            child = join(path, comp)
+            if i + 1 == len(rest):
+                if os.path.lexists(child):
+                    found.append(child)
+            else:
+                match(child, i + 1)
+            return
+        for entry in _list_dir(path or "."):
+            if entry.name.startswith(".") and not comp.startswith("."):
+                continue
+            if fnmatch.fnmatchcase(entry.name, comp):
+                match(join(path, entry.name), i + 1)
+
+    match(root, 0)
+    return found
+
+
+def _check_file(path: str) -> Optional[tuple[int, int]]:
+    """The (device, inode) of an input file after opening it once; InputError when it cannot be
+    read or is not a regular file."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise InputError(f"input file {display_path(path)} is a broken symbolic link") from None
+        raise InputError(f"input path {display_path(path)} does not exist") from None
+    except OSError as e:
+        raise _unreadable("file", path, e) from None
+    if stat.S_ISDIR(st.st_mode):
+        return None  # a folder matched by a pattern: patterns pick files
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"input {display_path(path)} is not a regular file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise _unreadable("file", path, e) from None
+    return (st.st_dev, st.st_ino) if st.st_ino else (st.st_dev, hash(os.path.realpath(path)))
+
+
 def expand_inputs(patterns: list[str]) -> list[str]:
-    """Files named by paths, folders and globs, sorted and de-duplicated (their order fixes uids)."""
+    """Files named by paths, folders and globs, sorted; each real file once (by device and inode,
+    the first path in sorted order names it). Their order fixes uids. InputError, before any
+    work, for a path that does not exist, matches nothing, or cannot be read."""
     if not patterns:
         raise InputError("no input paths given (input.paths is empty)")
-    found: list[str] = []
+    keys: dict[str, tuple[int, int]] = {}
     for pattern in patterns:
-        if any(ch in pattern for ch in "*?["):
-            matches = sorted(glob.glob(pattern, recursive=True))
+        if _has_magic(pattern):
+            matches = _glob(pattern)
         elif os.path.isdir(pattern):
-            matches = sorted(str(p) for p in Path(pattern).rglob("*") if p.is_file())
-        elif os.path.exists(pattern):
+            matches = list(_walk_files(pattern, set()))
+        elif os.path.lexists(pattern):
             if file_kind(pattern) is None:
-                raise InputError(f"input {pattern}: unsupported file type (expected one of {', '.join(SUFFIXES)})")
+                raise InputError(f"input {display_path(pattern)}: unsupported file type (expected one of {', '.join(SUFFIXES)})")
             matches = [pattern]
         else:
-            raise InputError(f"input path {pattern} does not exist")
-        matches = [m for m in matches if os.path.isfile(m) and file_kind(m) is not None]
-        if not matches:
-            raise InputError(f"input {pattern} matches no {'/'.join(SUFFIXES)} files")
-        found.extend(matches)
-    return sorted(dict.fromkeys(os.path.normpath(p) for p in found))
+            raise InputError(f"input path {display_path(pattern)} does not exist")
+        n = 0
+        for m in matches:
+            if file_kind(m) is None:
+                continue
+            p = os.path.normpath(m)
+            key = keys.get(p) or _check_file(p)
+            if key is not None:
+                keys[p] = key
+                n += 1
+        if not n:
+            raise InputError(f"input {display_path(pattern)} matches no {'/'.join(SUFFIXES)} files")
+    files: dict[tuple[int, int], str] = {}
+    for p in sorted(keys):
+        files.setdefault(keys[p], p)
+    return sorted(files.values())
 
+
+# ---- planning -------------------------------------------------------------------------------
 
 @dataclass
 class Segment:
@@ -132,6 +326,8 @@ def count_block_lines(path: str, start: int, end: Optional[int]) -> int:
         return sum(1 for _ in _iter_block_lines(f, start, end))
 
 
+# ---- quarantine -------------------------------------------------------------------------------
+
 @dataclass
 class _Quarantine:
     path: str
@@ -140,16 +336,41 @@ class _Quarantine:
     code: str  # short reason code for counting (invalid_json, invalid_utf8, ...)
     reason: str  # the full, human-readable reason
     raw: bytes = b""
+    documents: int = 1  # documents this row stands for: 0 for lost input, a row group's sampled rows
+    extra: dict = field(default_factory=dict)  # lost input: after_line, lost_bytes...; row groups: rows
+
+    def message(self) -> str:
+        where = f" line {self.line}" if self.line is not None else ""
+        return f"{display_path(self.path)}{where}: {_safe_text(self.reason)} [{self.code}]"
 
     def record(self) -> dict:
-        return {
-            "file": self.path,
+        rec = {
+            "file": display_path(self.path),
             "line": self.line,
             "uid": self.uid,
             "code": self.code,
-            "reason": self.reason,
+            "reason": _safe_text(self.reason),
             "snippet": self.raw[: SNIPPET_CHARS * 4].decode("utf-8", "replace")[:SNIPPET_CHARS],
         }
+        if self.documents != 1 or self.extra:
+            rec["documents"] = self.documents
+        if self.documents == 0 and "rows" not in self.extra:
+            rec["lost_input"] = True
+        rec.update(self.extra)
+        return rec
+
+
+class _Sink:
+    """Where a reader's quarantine rows go: collected, or raised at once with `on_error: fail`."""
+
+    def __init__(self, fail: bool):
+        self.fail = fail
+        self.rows: list[_Quarantine] = []
+
+    def add(self, q: _Quarantine) -> None:
+        if self.fail:
+            raise InputError(q.message() + " (input.on_error is fail; set it to quarantine to go on past such input)")
+        self.rows.append(q)
 
 
 class _PartWriter:
@@ -190,6 +411,7 @@ class ReadOptions:
     part_size: int = 32 << 20
     sample: float = 1.0  # keep a document when a seeded hash of its uid falls below this fraction
     sample_seed: int = 0
+    on_error: str = "quarantine"  # or "fail": InputError at the first bad record or damaged file
 
     def sampled(self, uid: int) -> bool:
         return self.sample >= 1.0 or in_sample(uid, self.sample, self.sample_seed)
@@ -205,46 +427,268 @@ def _describe_type(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _open_lines(path: str, kind: str) -> io.BufferedReader:
-    if kind == "jsonl.gz":
-        return io.BufferedReader(gzip.open(path, "rb"))  # type: ignore[arg-type]
-    if kind == "jsonl.zst":
-        import zstandard
-
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))
-    return open(path, "rb")
-
-
 def _default_source(path: str) -> str:
-    name = os.path.basename(path)
+    name = display_path(os.path.basename(path))
     for suffix in SUFFIXES:
         if name.lower().endswith(suffix):
             return name[: -len(suffix)]
     return name
 
 
-def _read_jsonl(seg: Segment, opts: ReadOptions, writer: _PartWriter, quarantine: list, stats: dict) -> None:
+# ---- compressed streams -------------------------------------------------------------------
+
+@dataclass
+class _Damage:
+    """Why a compressed stream stopped before its end, and where."""
+
+    code: str  # truncated_stream | corrupt_stream | unreadable_file
+    detail: str
+    offset: int  # compressed bytes read without error
+    partial: bytes = b""  # decoded bytes after the last complete line
+
+
+class _Decoder:
+    """One compressed format: feed() returns decoded bytes, raises on corrupt data; done() tells
+    whether the stream ended at a frame/member boundary."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.new()
+
+    def new(self) -> None:
+        if self.kind == "jsonl.gz":
+            self.d = zlib.decompressobj(wbits=31)
+        else:
+            import zstandard
+
+            self.d = zstandard.ZstdDecompressor().decompressobj()
+        self.started = False
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        while data:
+            if self.kind == "jsonl.gz" and not self.started:
+                data = data.lstrip(b"\x00")  # gzip files may be padded with zeros between members
+                if not data:
+                    return
+            self.started = True
+            if self.kind == "jsonl.gz":
+                while True:  # bounded output per call: a small file can hold a lot of text
+                    out = self.d.decompress(data, MAX_CHUNK_OUT)
+                    yield out
+                    data = self.d.unconsumed_tail
+                    if self.d.eof or (not data and len(out) < MAX_CHUNK_OUT):
+                        break
+            else:
+                yield self.d.decompress(data)
+            if not self.d.eof:
+                return
+            data = self.d.unused_data  # the next gzip member / zstd frame
+            self.new()
+
+    def complete(self) -> bool:
+        return not self.started
+
+
+def _stream_lines(path: str, kind: str, damage: list) -> Iterator[bytes]:
+    """The lines (with their newline) of a .gz / .zst file, decoded in bounded chunks; every
+    complete line before a damage is yielded, then the damage is appended to `damage`."""
+    dec = _Decoder(kind)
+    offset = 0
+    tail = b""
+    head: Optional[bytes] = None
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        damage.append(_Damage("unreadable_file", f"cannot open: {e.strerror or e}", 0))
+        return
+    with f:
+        while True:
+            try:
+                chunk = f.read(STREAM_CHUNK)
+            except OSError as e:
+                damage.append(_Damage("unreadable_file", f"read error: {e.strerror or e}", offset, tail))
+                return
+            if not chunk:
+                break
+            if head is None:
+                head = chunk[:4]
+            produced = 0
+            try:
+                for out in dec.feed(chunk):
+                    produced += len(out)
+                    buf = tail + out if tail else out
+                    cut = buf.rfind(b"\n") + 1
+                    if cut:
+                        yield from io.BytesIO(buf[:cut])
+                    tail = buf[cut:]
+            except Exception as e:  # noqa: BLE001 - zlib.error, ZstdError: the stream is corrupt from here
+                more, at = _salvage(path, kind, offset, chunk, produced)
+                buf = tail + more
+                cut = buf.rfind(b"\n") + 1
+                if cut:
+                    yield from io.BytesIO(buf[:cut])
+                damage.append(_Damage("corrupt_stream", _corrupt_detail(kind, head, e), at, buf[cut:]))
+                return
+            offset += len(chunk)
+    if not dec.complete():
+        damage.append(_Damage("truncated_stream", "the stream ends before its end marker (truncated file)", offset, tail))
+        return
+    if tail:
+        yield tail
+
+
+def _salvage(path: str, kind: str, offset: int, chunk: bytes, already: int) -> tuple[bytes, int]:
+    """After a decoding error in `chunk` (read at `offset`): decode the file again up to there and
+    feed `chunk` in small pieces, to keep what precedes the damage. Returns the decoded bytes past
+    the `already` ones taken from `chunk`, and the file offset of the damage."""
+    got: list[bytes] = []
+    pos = 0
+    try:
+        dec = _Decoder(kind)
+        with open(path, "rb") as f:
+            left = offset
+            while left > 0:
+                data = f.read(min(STREAM_CHUNK, left))
+                if not data:
+                    return b"", offset
+                left -= len(data)
+                for _ in dec.feed(data):
+                    pass
+        for pos in range(0, len(chunk), 256):
+            got.extend(dec.feed(chunk[pos:pos + 256]))
+        pos = len(chunk)
+    except Exception:  # noqa: BLE001 - the damage, now found to within 256 bytes
+        pass
+    return b"".join(got)[already:], offset + pos
+
+
+def _corrupt_detail(kind: str, head: bytes, err: Exception) -> str:
+    name = "gzip" if kind == "jsonl.gz" else "zstd"
+    hint = ""
+    is_gzip, is_zstd = head[:2] == b"\x1f\x8b", head[:4] == b"\x28\xb5\x2f\xfd" or head[1:4] == b"\x2a\x4d\x18"
+    if kind == "jsonl.zst" and is_gzip:
+        hint = " (the file is gzip-compressed: name it .jsonl.gz)"
+    elif kind == "jsonl.gz" and is_zstd:
+        hint = " (the file is zstd-compressed: name it .jsonl.zst)"
+    elif not (is_gzip if kind == "jsonl.gz" else is_zstd):
+        hint = f" (not a {name} file)"
+    return f"corrupt {name} data: {err}{hint}"
+
+
+def _lost_input(seg: Segment, line_no: int, dmg: _Damage) -> _Quarantine:
+    """The one row for the unreadable rest of a damaged file: no document, bytes lost after a line."""
+    size = _file_size(seg.path)
+    lost_file = max(0, size - dmg.offset) if dmg.code != "truncated_stream" else 0
+    if dmg.code == "truncated_stream":
+        reason = (f"{dmg.detail}: records after line {line_no} are lost; {len(dmg.partial):,} decoded bytes of an "
+                  f"incomplete record were dropped and the rest of the stream is missing from the file")
+    else:
+        reason = (f"{dmg.detail}: records after line {line_no} are lost; {lost_file:,} of {size:,} file bytes from "
+                  f"byte {dmg.offset:,} on could not be read")
+    return _Quarantine(seg.path, line_no + 1, (seg.file_index << 32) | (line_no + 1), dmg.code, reason, dmg.partial,
+                       documents=0, extra={"after_line": line_no, "lost_bytes": lost_file,
+                                           "partial_bytes": len(dmg.partial)})
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+# ---- records --------------------------------------------------------------------------------
+
+def _nesting(value: Any) -> int:
+    """Depth of nested lists/dicts, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            deepest = max(deepest, d)
+            stack.extend((x, d + 1) for x in v if isinstance(x, (list, dict)))
+    return deepest
+
+
+def _has_surrogate(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+def _surrogate_field(record: dict) -> Optional[str]:
+    """The first field (name shown escaped) whose name or value holds a lone surrogate."""
+    for key, value in record.items():
+        text = key if _has_surrogate(key) else (value if isinstance(value, str) else
+                                                json.dumps(value, ensure_ascii=False) if isinstance(value, (list, dict)) else "")
+        if _has_surrogate(key) or _has_surrogate(text):
+            return _safe_text(key)
+    return None
+
+
+def _check_record(raw: bytes, opts: ReadOptions) -> tuple[Optional[dict], Optional[str], Optional[str]]:
+    """(record, None, None) for a usable JSON line, else (None, code, reason)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, "invalid_utf8", f"invalid UTF-8 at byte {e.start}: {e.reason}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        return None, "invalid_json", f"invalid JSON: {e.msg} (column {e.colno})"
+    except RecursionError:
+        return None, "too_deep", "JSON nested too deep to read"
+    except ValueError as e:  # an integer beyond Python's digit limit
+        return None, "invalid_number", f"number cannot be read: {str(e).split(';')[0]}"
+    if not isinstance(record, dict):
+        return None, "not_an_object", f"JSON value is {_describe_type(record)}, not an object"
+    if opts.text_field not in record:
+        return None, "missing_text", f"missing text field '{opts.text_field}'"
+    if not isinstance(record[opts.text_field], str):
+        return None, "text_not_string", f"text field '{opts.text_field}' is {_describe_type(record[opts.text_field])}, not a string"
+    if raw.count(b"[") + raw.count(b"{") > MAX_NESTING and _nesting(record) > MAX_NESTING:
+        return None, "too_deep", f"JSON nested more than {MAX_NESTING} levels deep"
+    if b"\\u" in raw or b"\\U" in raw:
+        bad = _surrogate_field(record)
+        if bad is not None:
+            return None, "invalid_unicode", f"field '{bad}' holds a lone surrogate (\\ud800-\\udfff), which is not text"
+    return record, None, None
+
+
+def _read_jsonl(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink, stats: dict) -> None:
     fallback_source = _default_source(seg.path)
+    fallback_id = display_path(seg.path)
     line_no = seg.first_line - 1
     base = seg.file_index << 32
-    f = _open_lines(seg.path, seg.kind)
+    damage: list[_Damage] = []
+    if seg.kind == "jsonl":
+        try:
+            f = open(seg.path, "rb")
+        except OSError as e:
+            sink.add(_lost_input(seg, line_no, _Damage("unreadable_file", f"cannot open: {e.strerror or e}", 0)))
+            return
+        lines = _iter_block_lines(f, seg.start, seg.end)
+    else:
+        f = None
+        lines = _stream_lines(seg.path, seg.kind, damage)
     try:
-        lines = _iter_block_lines(f, seg.start, seg.end) if seg.kind == "jsonl" else iter(f.readline, b"")
         while True:
             try:
                 raw = next(lines)
             except StopIteration:
                 break
-            except (OSError, EOFError, ValueError) as e:  # corrupt compressed stream
-                line_no += 1
-                quarantine.append(
-                    _Quarantine(seg.path, line_no, base | line_no, "unreadable_file", f"unreadable {seg.kind} stream: {e}; rest of file lost")
-                )
-                stats["docs_in"] += 1
+            except OSError as e:  # a read error in a plain file
+                damage.append(_Damage("unreadable_file", f"read error: {e.strerror or e}", f.tell() if f else 0))
                 break
             line_no += 1
             if line_no >= MAX_LINES_PER_FILE:
-                raise InputError(f"{seg.path}: more than {MAX_LINES_PER_FILE - 1} lines; split the file")
+                raise InputError(f"{display_path(seg.path)}: more than {MAX_LINES_PER_FILE - 1} lines; split the file")
+            if raw.startswith(_BOM):
+                raw = raw[len(_BOM):]
             if not raw.strip():
                 stats["blank_lines"] += 1
                 continue
@@ -254,121 +698,175 @@ def _read_jsonl(seg: Segment, opts: ReadOptions, writer: _PartWriter, quarantine
                 continue
             stats["docs_in"] += 1
             stats["bytes_in"] += len(raw)
-            reason = code = None
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                code, reason = "invalid_utf8", f"invalid UTF-8 at byte {e.start}: {e.reason}"
-            else:
+            record, code, reason = _check_record(raw, opts)
+            meta = None
+            if record is not None:
+                text = record.pop(opts.text_field)
+                doc_id = record.pop(opts.id_field, None) if opts.id_field else None
+                source = record.pop(opts.source_field, None) if opts.source_field else None
                 try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    code, reason = "invalid_json", f"invalid JSON: {e.msg} (column {e.colno})"
-                else:
-                    if not isinstance(record, dict):
-                        code, reason = "not_an_object", f"JSON value is {_describe_type(record)}, not an object"
-                    elif opts.text_field not in record:
-                        code, reason = "missing_text", f"missing text field '{opts.text_field}'"
-                    elif not isinstance(record[opts.text_field], str):
-                        code, reason = "text_not_string", f"text field '{opts.text_field}' is {_describe_type(record[opts.text_field])}, not a string"
-            if reason is not None:
-                quarantine.append(_Quarantine(seg.path, line_no, uid, code, reason, raw))
+                    meta = json.dumps(record, ensure_ascii=False) if record else None
+                    doc_id = str(doc_id) if doc_id is not None else f"{fallback_id}:{line_no}"
+                    source = str(source) if source is not None else fallback_source
+                except (ValueError, RecursionError) as e:
+                    code, reason = "unencodable_record", f"record cannot be stored: {e}"
+            if code is not None:
+                sink.add(_Quarantine(seg.path, line_no, uid, code, reason, raw))
                 continue
-            text = record.pop(opts.text_field)
-            doc_id = record.pop(opts.id_field, None) if opts.id_field else None
-            source = record.pop(opts.source_field, None) if opts.source_field else None
-            meta = json.dumps(record, ensure_ascii=False) if record else None
-            writer.add(
-                uid,
-                str(doc_id) if doc_id is not None else f"{seg.path}:{line_no}",
-                text,
-                str(source) if source is not None else fallback_source,
-                meta,
-            )
+            writer.add(uid, doc_id, text, source, meta)
     finally:
-        f.close()
+        if f is not None:
+            f.close()
+    if damage:
+        sink.add(_lost_input(seg, line_no, damage[0]))
 
 
-def _read_txt(seg: Segment, opts: ReadOptions, writer: _PartWriter, quarantine: list, stats: dict) -> None:
+def _read_txt(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink, stats: dict) -> None:
     uid = seg.file_index << 32
     if not opts.sampled(uid):
         stats["not_sampled"] += 1
         return
-    raw = Path(seg.path).read_bytes()
+    try:
+        raw = Path(seg.path).read_bytes()
+    except OSError as e:
+        sink.add(_lost_input(seg, 0, _Damage("unreadable_file", f"cannot read: {e.strerror or e}", 0)))
+        return
     stats["docs_in"] += 1
     stats["bytes_in"] += len(raw)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        quarantine.append(_Quarantine(seg.path, None, uid, "invalid_utf8", f"invalid UTF-8 at byte {e.start}: {e.reason}", raw))
+        sink.add(_Quarantine(seg.path, None, uid, "invalid_utf8", f"invalid UTF-8 at byte {e.start}: {e.reason}", raw))
         return
-    writer.add(uid, seg.path, text, _default_source(seg.path), None)
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    writer.add(uid, display_path(seg.path), text, _default_source(seg.path), None)
 
 
-def _read_parquet(seg: Segment, opts: ReadOptions, writer: _PartWriter, quarantine: list, stats: dict) -> None:
+def _column_values(column: pa.ChunkedArray) -> tuple[list, dict[int, str]]:
+    """A column as Python values, and {row: problem} for values that cannot be decoded."""
+    try:
+        return column.to_pylist(), {}
+    except Exception:  # noqa: BLE001 - e.g. invalid UTF-8 in a string column: find the rows
+        values, bad = [], {}
+        for i in range(len(column)):
+            try:
+                values.append(column[i].as_py())
+            except Exception as e:  # noqa: BLE001
+                values.append(None)
+                bad[i] = f"{type(e).__name__}: {e}"
+        return values, bad
+
+
+def _read_parquet(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink, stats: dict) -> None:
     base = seg.file_index << 32
     fallback_source = _default_source(seg.path)
+    fallback_id = display_path(seg.path)
     try:
-        pf = pq.ParquetFile(seg.path)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is quarantined, not fatal
-        stats["docs_in"] += 1
-        quarantine.append(_Quarantine(seg.path, None, base, "unreadable_file", f"unreadable Parquet file: {e}"))
+        fh = open(seg.path, "rb")  # a Python file object: names that are not UTF-8 open too
+    except OSError as e:
+        sink.add(_lost_input(seg, 0, _Damage("unreadable_file", f"cannot open: {e.strerror or e}", 0)))
         return
-    names = pf.schema_arrow.names
-    row = 0
-    for batch in pf.iter_batches(batch_size=4096):
-        n = batch.num_rows
-        chosen = [opts.sampled(base | (row + i + 1)) for i in range(n)]
-        stats["not_sampled"] += n - sum(chosen)
-        stats["docs_in"] += sum(chosen)
-        if opts.text_field not in names:
-            for i in range(n):
-                if chosen[i]:
-                    quarantine.append(_Quarantine(seg.path, row + i + 1, base | (row + i + 1), "missing_text",
-                                                  f"no column '{opts.text_field}'"))
+    with fh:
+        try:
+            pf = pq.ParquetFile(fh)
+            names = pf.schema_arrow.names
+            groups = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
+        except Exception as e:  # noqa: BLE001 - any unreadable file is lost input, not fatal
+            sink.add(_lost_input(seg, 0, _Damage("unreadable_file", f"unreadable Parquet file: {e}", 0)))
+            return
+        row = 0
+        for g, n in enumerate(groups):
+            chosen = [opts.sampled(base | (row + i + 1)) for i in range(n)]
+            k = sum(chosen)
+            stats["not_sampled"] += n - k
+            stats["docs_in"] += k
+            try:
+                table = pf.read_row_group(g)
+                columns = {name: _column_values(table.column(name)) for name in names}
+            except Exception as e:  # noqa: BLE001 - a corrupt page: the row group's rows are quarantined
+                first = row + 1
+                sink.add(_Quarantine(seg.path, first, base | first, "unreadable_row_group",
+                                     f"row group {g} (rows {first}-{row + n}) cannot be decoded: {e}",
+                                     documents=k, extra={"rows": n, "row_group": g}))
+                row += n
+                continue
+            _parquet_rows(seg, opts, writer, sink, stats, columns, chosen, row, base, fallback_id, fallback_source)
             row += n
+
+
+def _parquet_rows(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink, stats: dict,
+                  columns: dict[str, tuple[list, dict]], chosen: list[bool], row: int, base: int,
+                  fallback_id: str, fallback_source: str) -> None:
+    if opts.text_field not in columns:
+        for i, c in enumerate(chosen):
+            if c:
+                sink.add(_Quarantine(seg.path, row + i + 1, base | (row + i + 1), "missing_text",
+                                     f"no column '{opts.text_field}'"))
+        return
+    bad = {i: (name, problem) for name, (_, errs) in columns.items() for i, problem in errs.items()}
+    data = {name: values for name, (values, _) in columns.items()}
+    texts = data.pop(opts.text_field)
+    ids = data.pop(opts.id_field, None) if opts.id_field else None
+    sources = data.pop(opts.source_field, None) if opts.source_field else None
+    for i, c in enumerate(chosen):
+        if not c:
             continue
-        data = batch.to_pydict()
-        texts = data.pop(opts.text_field)
-        ids = data.pop(opts.id_field, None) if opts.id_field else None
-        sources = data.pop(opts.source_field, None) if opts.source_field else None
-        for i in range(n):
-            if not chosen[i]:
-                continue
-            line = row + i + 1  # 1-based row number, reported as the "line"
-            text = texts[i]
-            if not isinstance(text, str):
-                reason = f"text column '{opts.text_field}' is {_describe_type(text)}, not a string"
-                quarantine.append(_Quarantine(seg.path, line, base | line, "text_not_string", reason))
-                continue
-            stats["bytes_in"] += len(text)
-            meta = {k: v[i] for k, v in data.items()}
-            doc_id = ids[i] if ids is not None and ids[i] is not None else f"{seg.path}:{line}"
-            source = sources[i] if sources is not None and sources[i] is not None else fallback_source
-            writer.add(base | line, str(doc_id), text, str(source), json.dumps(meta, ensure_ascii=False, default=str) if meta else None)
-        row += n
+        line = row + i + 1  # 1-based row number, reported as the "line"
+        if i in bad:
+            name, problem = bad[i]
+            code = "invalid_utf8" if problem.startswith("UnicodeDecodeError") else "undecodable_value"
+            sink.add(_Quarantine(seg.path, line, base | line, code, f"column '{name}' cannot be read: {problem}"))
+            continue
+        text = texts[i]
+        if not isinstance(text, str):
+            reason = f"text column '{opts.text_field}' is {_describe_type(text)}, not a string"
+            sink.add(_Quarantine(seg.path, line, base | line, "text_not_string", reason))
+            continue
+        stats["bytes_in"] += len(text)
+        meta = {k: v[i] for k, v in data.items()}
+        doc_id = ids[i] if ids is not None and ids[i] is not None else f"{fallback_id}:{line}"
+        source = sources[i] if sources is not None and sources[i] is not None else fallback_source
+        try:
+            meta_json = json.dumps(meta, ensure_ascii=False, default=str) if meta else None
+            doc_id, source = str(doc_id), str(source)
+        except (ValueError, RecursionError) as e:
+            sink.add(_Quarantine(seg.path, line, base | line, "unencodable_record", f"record cannot be stored: {e}"))
+            continue
+        writer.add(base | line, doc_id, text, source, meta_json)
 
 
 _READERS = {"jsonl": _read_jsonl, "jsonl.gz": _read_jsonl, "jsonl.zst": _read_jsonl, "txt": _read_txt, "parquet": _read_parquet}
 
 
 def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str) -> dict:
-    """Read one unit into `out_dir/part-*.parquet`; returns stats and the quarantine records."""
+    """Read one unit into `out_dir/part-*.parquet`; returns stats and the quarantine records.
+
+    stats: docs_in = docs_out + quarantined (documents); `quarantine_reasons` counts documents by
+    code; `lost_input` counts the damaged files whose rest could not be read (no documents)."""
     started = time.perf_counter()
     writer = _PartWriter(Path(out_dir), unit.index, opts.part_size)
-    quarantine: list[_Quarantine] = []
+    sink = _Sink(opts.on_error == "fail")
     stats: dict[str, Any] = {"docs_in": 0, "blank_lines": 0, "bytes_in": 0, "files": 0, "not_sampled": 0}
     for seg in unit.segments:
         if seg.start == 0:
             stats["files"] += 1
-        _READERS[seg.kind](seg, opts, writer, quarantine, stats)
+        _READERS[seg.kind](seg, opts, writer, sink, stats)
     writer.flush()
-    q = [x.record() for x in quarantine]
-    stats["quarantined"] = len(q)
-    stats["docs_out"] = stats["docs_in"] - len(q)
+    q = [x.record() for x in sink.rows]
+    quarantined = sum(x.documents for x in sink.rows)
+    stats["quarantined"] = quarantined
+    stats["quarantine_rows"] = len(q)
+    stats["docs_out"] = stats["docs_in"] - quarantined
     stats["quarantine_reasons"] = {}
-    for rec in q:
-        key = rec["code"]
-        stats["quarantine_reasons"][key] = stats["quarantine_reasons"].get(key, 0) + 1
+    lost = {"files": 0, "bytes": 0, "partial_bytes": 0}
+    for x in sink.rows:
+        if x.documents:
+            stats["quarantine_reasons"][x.code] = stats["quarantine_reasons"].get(x.code, 0) + x.documents
+        elif "rows" not in x.extra:
+            lost["files"] += 1
+            lost["bytes"] += x.extra.get("lost_bytes", 0)
+            lost["partial_bytes"] += x.extra.get("partial_bytes", 0)
+    stats["lost_input"] = lost
     stats["task_seconds"] = time.perf_counter() - started
     return {"stats": stats, "quarantine": q, "parts": writer.parts}
