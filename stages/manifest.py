@@ -142,25 +142,33 @@ def structure_problems(manifest: Any) -> list[str]:
     return problems
 
 
-def load(shards_dir: str) -> dict[str, Any]:
-    """The parsed manifest of a shard folder; ShardMismatch with one clear line if it is missing,
-    not JSON, or not a well-formed corpusmill manifest."""
+def parse(shards_dir: str) -> tuple[Optional[dict[str, Any]], list[str]]:
+    """(the manifest, []) or (None, every problem that keeps it from being used), never raising."""
     path = os.path.join(shards_dir, MANIFEST_NAME)
     if not os.path.isfile(path):
-        raise ShardMismatch(f"{path} does not exist: not a finished corpusmill shard directory")
+        return None, [f"{path} does not exist: not a finished corpusmill shard directory"]
     try:
         with open(path, "rb") as f:
             raw = f.read(64 << 20)
         manifest = json.loads(raw.decode("utf-8"))
     except OSError as e:
-        raise ShardMismatch(f"{path} cannot be read: {e.strerror or e}") from None
+        return None, [f"{path} cannot be read: {e.strerror or e}"]
     except UnicodeDecodeError:
-        raise ShardMismatch(f"{path} is not UTF-8 text: the manifest is damaged") from None
+        return None, [f"{path} is not UTF-8 text: the manifest is damaged"]
     except (ValueError, RecursionError) as e:
-        raise ShardMismatch(f"{path} is not valid JSON ({_first_line(e)}): the manifest is damaged") from None
+        return None, [f"{path} is not valid JSON ({_first_line(e)}): the manifest is damaged"]
     problems = structure_problems(manifest)
     if problems:
-        raise ShardMismatch(f"{path} {_one_line(problems)}")
+        return None, [f"{path}: {p}" for p in problems]
+    return manifest, []
+
+
+def load(shards_dir: str) -> dict[str, Any]:
+    """The parsed manifest of a shard folder; ShardMismatch with one clear line if it is missing,
+    not JSON, or not a well-formed corpusmill manifest."""
+    manifest, problems = parse(shards_dir)
+    if manifest is None:
+        raise ShardMismatch(_one_line(problems))
     return manifest
 
 

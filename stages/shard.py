@@ -312,10 +312,9 @@ def verify_shard_dir(shards_dir: str) -> tuple[list[str], dict]:
     from . import manifest as mf
 
     root = os.path.abspath(shards_dir)
-    try:
-        manifest = mf.load(root)
-    except mf.ShardMismatch as e:
-        return [str(e)], {}
+    manifest, problems = mf.parse(root)
+    if manifest is None:
+        return problems, {}
     problems = mf.check(root, manifest)
     ranks, vocab, window = manifest["ranks"], manifest["vocab_size"], manifest["sample_length"]
     totals: dict[str, Any] = {"files": len(manifest["files"]), "ranks": ranks, "vocab_size": vocab, "rows_checked": False}
