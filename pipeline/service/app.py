@@ -20,6 +20,7 @@ from fastapi import Depends, FastAPI, HTTPException, Path as PathParam, Query, R
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .. import __version__
@@ -261,15 +262,21 @@ def create_app(ctx: ServiceContext) -> FastAPI:
     app = FastAPI(title="corpusmill", version=__version__, lifespan=lifespan,
                   description="Submit dedup, shard and pretraining jobs, follow them, fetch their reports.")
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException):
+    @app.exception_handler(StarletteHTTPException)  # FastAPI's own and the ones it raises itself (body parsing)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
         body = exc.detail if isinstance(exc.detail, dict) else {"detail": str(exc.detail), "keys": []}
-        return JSONResponse(_printable(body), status_code=exc.status_code, headers=exc.headers)
+        status = exc.status_code
+        if status == 400 and body["detail"] == "There was an error parsing the body":
+            # JSON that json.loads cannot take (an integer of over 4300 digits, nesting too deep): as any other
+            # undecodable body, a 422
+            status, body = 422, {"detail": "body: JSON that cannot be decoded (an integer of more than 4300 digits, "
+                                 "or nesting too deep?)", "keys": ["body"]}
+        return JSONResponse(_printable(body), status_code=status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         errors = exc.errors()
-        keys = [".".join(str(p) for p in e["loc"] if p != "body") for e in errors]
+        keys = [".".join(str(p) for p in e["loc"] if p != "body") or "body" for e in errors]
         detail = "; ".join(f"{k or 'body'}: {e['msg']}" for k, e in zip(keys, errors))
         return JSONResponse(_printable({"detail": detail, "keys": keys}), status_code=422)
 

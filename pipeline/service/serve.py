@@ -69,6 +69,17 @@ def load_token(token_file: Optional[str], host: str, state_dir: Path, log: Calla
     return token
 
 
+def _dashboard_link(client, address: Optional[str]) -> Optional[str]:
+    """The dashboard's URL, on the host it was asked to listen on (Dask's link names the scheduler's host)."""
+    port = client.scheduler_info().get("services", {}).get("dashboard")
+    if not port:
+        return None
+    host = address.rpartition(":")[0] if address and ":" in address else (address or "")
+    if host.strip("[]") in ("", "0.0.0.0", "::"):
+        return client.dashboard_link
+    return f"http://{host}:{port}/status"
+
+
 def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, scheduler: Optional[str] = None,
           token_file: Optional[str] = None, max_concurrent: int = 1, max_queued: int = 100,
           n_workers: Optional[int] = None, dashboard_address: str = DEFAULT_DASHBOARD,
@@ -110,7 +121,7 @@ def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, schedu
     try:
         with dask_client(cluster_cfg, log=log) as client:
             address = client.scheduler.address
-            dashboard = client.dashboard_link if "dashboard" in client.scheduler_info().get("services", {}) else None
+            dashboard = _dashboard_link(client, dashboard_address if not scheduler else None)
             supervisor = Supervisor(store, state, address, max_concurrent, log=log, roots=roots)
             ctx = ServiceContext(store=store, roots=roots, supervisor=supervisor, token=token, scheduler=address,
                                  dashboard=dashboard, max_queued=max_queued)
