@@ -52,7 +52,9 @@ def dask_client(cluster_cfg: Any, client: Optional[Client] = None, log: Log = pr
         host="127.0.0.1",
         dashboard_address=cluster_cfg.dashboard_address,
         scheduler_kwargs={"dashboard": bool(cluster_cfg.dashboard)},
-        silence_logs=logging.ERROR,
+        # a task's exception is raised again in the driver, which says it in one line: a worker's own
+        # "Compute Failed" log with its traceback would only repeat it
+        silence_logs=logging.CRITICAL,
     )
     c = Client(cluster)
     dash = f", dashboard {c.dashboard_link}" if cluster_cfg.dashboard else ""

@@ -91,8 +91,10 @@ def disk_nearly_full(path: Path, min_free: int = 64 << 20) -> bool:
 
 
 def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__
+    """The line of an error that says what went wrong (MindSpore puts it under a banner, after `[ERROR]`)."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    said = next((line for line in lines if line.startswith("[ERROR]")), lines[0] if lines else type(e).__name__)
+    return said[:300]
 
 
 def os_error_message(stage: str, e: OSError, folder: Path) -> str:
