@@ -30,7 +30,7 @@ PATH_FIELDS: dict[tuple[str, ...], str] = {
     ("tokenizer", "model"): "file",
 }
 NOT_PATHS: set[tuple[str, ...]] = {
-    ("input", "text_field"), ("input", "id_field"), ("input", "source_field"),
+    ("input", "text_field"), ("input", "id_field"), ("input", "source_field"), ("input", "on_error"),
     ("dedup", "keep"), ("dedup", "keep_field"), ("dedup", "keep_order"),
     ("tokenizer", "train", "model_type"), ("tokenizer", "train", "user_symbols"),
     ("filter", "scripts", "keep"),
