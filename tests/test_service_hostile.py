@@ -246,3 +246,53 @@ def test_the_dashboard_address_asked_for_is_the_one_used(server, dedup_job):
     assert url.host == "127.0.0.2"
     assert listening_addresses(url.port) == {"127.0.0.2"}
     assert httpx.get(str(url.copy_with(path="/health")), timeout=HTTP_S).status_code == 200
+
+
+def test_links_planted_while_a_run_job_works_are_replaced_not_written_through(server, base):
+    """Links to files outside the roots put into a running job's directory (after its first stage): the
+    job writes its report and ledger by replacing the names (atomic rename), so the outside files are
+    untouched and the run directory ends up holding regular files."""
+    from tests.test_service import JOB_S, service_config, wait_until
+
+    outside = base / "outside" / "mid-run"
+    outside.mkdir()
+    names = ("report.md", "report.html", "ledger.json")
+    for name in names:
+        (outside / name).write_text("not yours\n")
+    with server.client() as c:
+        r = c.post("/v1/jobs", json={"kind": "run", "config": service_config(base / "data" / "corpus"), "out": "mid-run"})
+        assert r.status_code == 201, r.text
+        out = Path(r.json()["out"])
+        wait_until(lambda: (out / "00-read" / "_DONE.json").is_file(), JOB_S, "the read stage to finish")
+        for name in names:
+            (out / name).symlink_to(outside / name)
+        final = follow(c, r.json()["id"])
+        assert final["state"] == "succeeded", final["error"]
+        assert [(outside / n).read_text() for n in names] == ["not yours\n"] * 3
+        assert not any((out / n).is_symlink() for n in names) and (out / "report.html").is_file()
+        assert c.get(f"/v1/jobs/{final['id']}/report").status_code == 200
+
+
+def test_safe_reads_refuse_links_fifos_and_dot_dot(tmp_path):
+    """The reader the service uses for run-directory files: a link at any depth, a FIFO (which would block a
+    plain open) or a '..' is refused; a missing file is FileNotFoundError; a regular file reads."""
+    from pipeline.service.safefs import LinkRefused, find_link, read_bytes
+
+    real, outside = tmp_path / "run", tmp_path / "outside"
+    (real / "stage").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret").write_text("secret")
+    (real / "stage" / "ok.json").write_text("{}")
+    (real / "linked-dir").symlink_to(outside, target_is_directory=True)
+    (real / "stage" / "link").symlink_to(outside / "secret")
+    os.mkfifo(real / "fifo")
+    assert read_bytes(real / "stage" / "ok.json") == b"{}"
+    for path in (real / "linked-dir" / "secret", real / "stage" / "link", real / "fifo", real / "stage",
+                 Path(str(real / "stage") + "/../stage/ok.json")):
+        with pytest.raises(LinkRefused):
+            read_bytes(path)
+    with pytest.raises(FileNotFoundError):
+        read_bytes(real / "stage" / "missing.json")
+    assert find_link(real) in (str(real / "linked-dir"), str(real / "stage" / "link"))
+    assert find_link(real / "stage") == str(real / "stage" / "link")
+    assert find_link(outside) is None and find_link(tmp_path / "nowhere") is None

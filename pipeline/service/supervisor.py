@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import yaml
 
 from ..progress import utc_now
+from stages.base import write_text_atomic
 from .guard import DataRoots, InputError, PathRefused, UnsafeFolder
 from .status import LOG_NAME, error_from_log, job_counters, train_dir
 from .store import JobStore
@@ -112,7 +113,7 @@ class Supervisor:
         folder = self.job_dir(row["id"])
         folder.mkdir(parents=True, exist_ok=True)
         config_path = folder / "config.yaml"
-        config_path.write_text(yaml.safe_dump(req["config"], sort_keys=False, allow_unicode=True), encoding="utf-8")
+        write_text_atomic(config_path, yaml.safe_dump(req["config"], sort_keys=False, allow_unicode=True))
         kind, out = row["kind"], row["out"]
         if kind == "run":
             args = ["run", str(config_path), "--out", out, "--scheduler", self.scheduler]
@@ -145,7 +146,8 @@ class Supervisor:
         try:
             argv = self._command(row, resume)
             Path(row["out"]).parent.mkdir(parents=True, exist_ok=True)
-            log = open(self.job_dir(job_id) / LOG_NAME, "ab")
+            log = os.fdopen(os.open(self.job_dir(job_id) / LOG_NAME,
+                                    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), "ab")
             log.write(f"\n== {utc_now()} attempt {row['attempts'] + 1}: {' '.join(argv[6:])}\n".encode())
             log.flush()
             env = {**os.environ, JOB_ENV: job_id, "PYTHONUNBUFFERED": "1"}
