@@ -296,3 +296,13 @@ def test_safe_reads_refuse_links_fifos_and_dot_dot(tmp_path):
     assert find_link(real) in (str(real / "linked-dir"), str(real / "stage" / "link"))
     assert find_link(real / "stage") == str(real / "stage" / "link")
     assert find_link(outside) is None and find_link(tmp_path / "nowhere") is None
+
+
+def test_serve_refuses_a_dashboard_address_it_cannot_use(tmp_path):
+    """A malformed or unresolvable --dashboard-address is one line and exit 2, before any cluster starts."""
+    env = {**os.environ, "CORPUSMILL_TOKEN": TOKEN}
+    for address, why in (("nonsense:xx", "expected HOST:PORT"), ("8787", "expected HOST:PORT"),
+                         ("no-such-host.invalid:0", "unknown host")):
+        r = subprocess.run([str(BIN / "corpusmill"), "serve", "--state", str(tmp_path / "s"), "--data-root", str(tmp_path),
+                            "--dashboard-address", address], env=env, capture_output=True, text=True, timeout=START_S)
+        assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, (address, r.stderr[-2000:])

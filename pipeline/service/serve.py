@@ -69,6 +69,20 @@ def load_token(token_file: Optional[str], host: str, state_dir: Path, log: Calla
     return token
 
 
+def _dashboard_host(address: str) -> str:
+    """The host of a HOST:PORT dashboard address (empty: all interfaces); ServiceError when it is not one."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ServiceError(f"--dashboard-address {address}: expected HOST:PORT (e.g. 127.0.0.1:8790; port 0 = a free one)")
+    host = host.strip("[]")
+    if host and host not in ("0.0.0.0", "::"):
+        try:
+            socket.getaddrinfo(host, None)
+        except OSError as e:
+            raise ServiceError(f"--dashboard-address {address}: unknown host {host} ({e.strerror or e})") from None
+    return host
+
+
 def _dashboard_link(client, address: Optional[str]) -> Optional[str]:
     """The dashboard's URL, on the host it was asked to listen on (Dask's link names the scheduler's host)."""
     port = client.scheduler_info().get("services", {}).get("dashboard")
@@ -109,12 +123,12 @@ def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, schedu
         raise ServiceError("--max-concurrent and --max-queued must be at least 1")
     store = JobStore(state)
     # the engine's own cluster set-up: the given scheduler, or one LocalCluster (with its dashboard) for all jobs
+    dash_host = _dashboard_host(dashboard_address)
     try:
         cluster_cfg = ClusterConfig(address=scheduler, n_workers=n_workers, dashboard=True,
                                     dashboard_address=dashboard_address)
     except ValueError as e:
         raise ServiceError(f"--workers / --dashboard-address: {e}") from None
-    dash_host = dashboard_address.rpartition(":")[0].strip("[]") if ":" in dashboard_address else dashboard_address
     if not scheduler and not is_loopback(dash_host or "0.0.0.0"):
         log(f"service: warning: the Dask dashboard listens on {dashboard_address}, beyond this machine, without "
             "authentication")
