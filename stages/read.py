@@ -29,6 +29,7 @@ import fnmatch
 import io
 import json
 import os
+import re
 import stat
 import time
 import zlib
@@ -49,6 +50,7 @@ MAX_NESTING = 200  # deeper JSON records are quarantined: later stages parse `me
 STREAM_CHUNK = 64 << 10  # compressed bytes fed to a decompressor at a time
 MAX_CHUNK_OUT = 8 << 20  # decompressed bytes taken from one gzip feed at a time
 _BOM = codecs.BOM_UTF8
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class InputError(ValueError):
@@ -223,8 +225,8 @@ def _check_file(path: str) -> Optional[tuple[int, int]]:
 
 
 def expand_inputs(patterns: list[str]) -> list[str]:
-    """Files named by paths, folders and globs, sorted; each real file once (by device and inode,
-    the first path in sorted order names it). Their order fixes uids. InputError, before any
+    """Files named by paths, folders and globs, sorted; each real file once (by device and inode;
+    a path without links names it, else the first in sorted order). Their order fixes uids. InputError, before any
     work, for a path that does not exist, matches nothing, or cannot be read."""
     if not patterns:
         raise InputError("no input paths given (input.paths is empty)")
@@ -252,8 +254,8 @@ def expand_inputs(patterns: list[str]) -> list[str]:
         if not n:
             raise InputError(f"input {display_path(pattern)} matches no {'/'.join(SUFFIXES)} files")
     files: dict[tuple[int, int], str] = {}
-    for p in sorted(keys):
-        files.setdefault(keys[p], p)
+    for p in sorted(keys, key=lambda p: (os.path.realpath(p) != os.path.abspath(p), p)):
+        files.setdefault(keys[p], p)  # a file reached by links too is named by its own path
     return sorted(files.values())
 
 
@@ -650,9 +652,12 @@ def _check_record(raw: bytes, opts: ReadOptions) -> tuple[Optional[dict], Option
         return None, "missing_text", f"missing text field '{opts.text_field}'"
     if not isinstance(record[opts.text_field], str):
         return None, "text_not_string", f"text field '{opts.text_field}' is {_describe_type(record[opts.text_field])}, not a string"
-    if raw.count(b"[") + raw.count(b"{") > MAX_NESTING and _nesting(record) > MAX_NESTING:
-        return None, "too_deep", f"JSON nested more than {MAX_NESTING} levels deep"
-    if b"\\u" in raw or b"\\U" in raw:
+    for value in record.values():
+        if type(value) in (list, dict):
+            if _nesting(record) > MAX_NESTING:
+                return None, "too_deep", f"JSON nested more than {MAX_NESTING} levels deep"
+            break
+    if _SURROGATE_ESCAPE.search(raw):  # a lone surrogate can only come from a \uD800-\uDFFF escape
         bad = _surrogate_field(record)
         if bad is not None:
             return None, "invalid_unicode", f"field '{bad}' holds a lone surrogate (\\ud800-\\udfff), which is not text"
