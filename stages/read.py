@@ -253,10 +253,12 @@ def expand_inputs(patterns: list[str]) -> list[str]:
                 n += 1
         if not n:
             raise InputError(f"input {display_path(pattern)} matches no {'/'.join(SUFFIXES)} files")
-    files: dict[tuple[int, int], str] = {}
-    for p in sorted(keys, key=lambda p: (os.path.realpath(p) != os.path.abspath(p), p)):
-        files.setdefault(keys[p], p)  # a file reached by links too is named by its own path
-    return sorted(files.values())
+    paths_of: dict[tuple[int, int], list[str]] = {}
+    for p, key in keys.items():
+        paths_of.setdefault(key, []).append(p)
+    # a file reached by links too is named by a path without links, else by the first in sorted order
+    return sorted(ps[0] if len(ps) == 1 else min(ps, key=lambda p: (os.path.realpath(p) != os.path.abspath(p), p))
+                  for ps in paths_of.values())
 
 
 # ---- planning -------------------------------------------------------------------------------

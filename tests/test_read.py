@@ -446,3 +446,42 @@ def test_broken_link_named_like_an_input_is_an_error(tmp_path):
     os.symlink(tmp_path / "gone.jsonl", tmp_path / "link.jsonl")
     with pytest.raises(read.InputError, match="broken symbolic link"):
         read.expand_inputs([str(tmp_path)])
+
+
+def test_pipeline_read_stage_finishes_with_zero_documents_when_every_record_is_bad(tmp_path, dask_client):
+    """Before: a traceback after `read`. The read stage itself completes (marker, quarantine file,
+    0 documents out) and the job goes on from there."""
+    from pipeline.config import parse_config
+    from pipeline.runner import Pipeline, PipelineError
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "bad.jsonl").write_bytes(b"nope\n[1]\n{\"text\": 3}\n{\"text\": \"\\udc00\"}\n")
+    (tmp_path / "in" / "bad.jsonl.zst").write_bytes(b"garbage")
+    cfg = parse_config({"input": {"paths": [str(tmp_path / "in")]}, "dedup": {"minhash": {"enabled": False}}})
+    logs: list[str] = []
+    try:
+        Pipeline(cfg, tmp_path / "out", client=dask_client, log=logs.append, job="dedup").run()
+    except PipelineError:
+        pass  # what later stages make of an empty input is theirs to say, as one clear error
+    marker = json.loads((tmp_path / "out" / "00-read" / "_DONE.json").read_text(encoding="utf-8"))
+    assert marker["stats"]["docs_in"] == 4 and marker["stats"]["docs_out"] == 0 and marker["stats"]["quarantined"] == 4
+    assert marker["stats"]["lost_input"]["files"] == 1
+    rows = (tmp_path / "out" / "00-read" / "quarantine.jsonl").read_text(encoding="utf-8").split("\n")
+    assert len([r for r in rows if r]) == 5
+    assert any("no document survived reading" in line for line in logs)
+
+
+def test_cli_on_error_fail_is_one_line_and_exit_2(tmp_path, dask_client, capsys):
+    from pipeline.cli import main
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_bytes(b'{"text": "good one"}\n{"text": "deep", "x": ' + b"[" * 30000 + b"]" * 30000 + b"}\n")
+    cfg = tmp_path / "strict.yaml"
+    cfg.write_text("input:\n  on_error: fail\n", encoding="utf-8")
+    code = main(["dedup", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--config", str(cfg),
+                 "--scheduler", dask_client.scheduler.address, "--methods", "exact"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1] == (f"corpusmill: error: {tmp_path / 'in' / 'a.jsonl'} line 2: JSON nested too deep to read [too_deep] "
+                       "(input.on_error is fail; set it to quarantine to go on past such input)")
+    assert "Traceback" not in "\n".join(err)
