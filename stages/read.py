@@ -775,8 +775,8 @@ def _read_parquet(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _S
         sink.add(_lost_input(seg, 0, _Damage("unreadable_file", f"cannot open: {e.strerror or e}", 0)))
         return
     with fh:
-        try:
-            pf = pq.ParquetFile(fh)
+        try:  # Arrow's own file reader when the name is UTF-8 (faster); the Python file object otherwise
+            pf = pq.ParquetFile(seg.path if display_path(seg.path) == seg.path else fh)
             names = pf.schema_arrow.names
             groups = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
         except Exception as e:  # noqa: BLE001 - any unreadable file is lost input, not fatal
