@@ -452,11 +452,12 @@ class _Damage:
 
 
 class _Decoder:
-    """One compressed format: feed() returns decoded bytes, raises on corrupt data; done() tells
-    whether the stream ended at a frame/member boundary."""
+    """One compressed format: feed() yields decoded bytes and raises on corrupt data; complete()
+    tells whether the input so far ends at a gzip member / zstd frame boundary."""
 
     def __init__(self, kind: str):
         self.kind = kind
+        self.members = 0  # gzip members / zstd frames decoded to their end
         self.new()
 
     def new(self) -> None:
@@ -470,8 +471,8 @@ class _Decoder:
 
     def feed(self, data: bytes) -> Iterator[bytes]:
         while data:
-            if self.kind == "jsonl.gz" and not self.started:
-                data = data.lstrip(b"\x00")  # gzip files may be padded with zeros between members
+            if self.kind == "jsonl.gz" and not self.started and self.members:
+                data = data.lstrip(b"\x00")  # gzip files may be padded with zeros after a member
                 if not data:
                     return
             self.started = True
@@ -487,6 +488,7 @@ class _Decoder:
             if not self.d.eof:
                 return
             data = self.d.unused_data  # the next gzip member / zstd frame
+            self.members += 1
             self.new()
 
     def complete(self) -> bool:

@@ -255,6 +255,16 @@ def test_truncated_jsonl_zst_keeps_its_head_and_reports_one_lost_input_row(tmp_p
     assert stats["docs_in"] == n and stats["quarantined"] == 0 and stats["lost_input"]["files"] == 1
 
 
+def test_gz_of_zero_bytes_is_damage_but_zero_padding_after_a_member_is_not(tmp_path):
+    """A preallocated file never written (all zeros) is not an empty corpus; gzip's own padding is fine."""
+    (tmp_path / "zeros.jsonl.gz").write_bytes(bytes(4096))
+    (tmp_path / "padded.jsonl.gz").write_bytes(gzip.compress(_lines(3)) + bytes(512))
+    docs, quarantine, _ = _read_all([tmp_path], tmp_path / "o")
+    assert [d["id"] for d in docs] == ["r0", "r1", "r2"]
+    assert [(q["file"].rsplit("/", 1)[1], q["code"]) for q in quarantine] == [("zeros.jsonl.gz", "corrupt_stream")]
+    assert "not a gzip file" in quarantine[0]["reason"] and quarantine[0]["lost_bytes"] == 4096
+
+
 def test_multi_frame_zst_is_read_to_the_end(tmp_path):
     data = _lines(300)
     path = tmp_path / "m.jsonl.zst"
