@@ -84,10 +84,14 @@ def unsafe_path(rel: str) -> Optional[str]:
     """Why a manifest path is not a plain relative path inside the folder (None when it is)."""
     if not rel or "\x00" in rel:
         return "is empty or holds a NUL byte"
+    try:
+        rel.encode("utf-8")
+    except UnicodeError:
+        return "is not a valid file name (not UTF-8: a lone surrogate escape)"
     if os.path.isabs(rel) or rel.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", rel):
-        return "is an absolute path"
+        return "is an absolute path: every path must stay inside the shard folder"
     if ".." in re.split(r"[\\/]", rel):
-        return "climbs out of the folder with '..'"
+        return "climbs out of the folder with '..': every path must stay inside the shard folder"
     return None
 
 
@@ -120,7 +124,7 @@ def structure_problems(manifest: Any) -> list[str]:
     for where, rel in [("tokenizer.path", tok["path"])] + [(f"files[{i}].path", e["path"]) for i, e in enumerate(files)]:
         why = unsafe_path(rel)
         if why:
-            problems.append(f"{where} {_show(rel)} {why}: every path must stay inside the shard folder")
+            problems.append(f"{where} {_show(rel)} {why}")
     for where, value in [("tokenizer.sha256", tok["sha256"])] + [
             (f"files[{i}].{k}", e[k]) for i, e in enumerate(files) for k in ("sha256", "db_sha256")]:
         if not _SHA256.match(value):
@@ -147,6 +151,9 @@ def parse(shards_dir: str) -> tuple[Optional[dict[str, Any]], list[str]]:
     path = os.path.join(shards_dir, MANIFEST_NAME)
     if not os.path.isfile(path):
         return None, [f"{path} does not exist: not a finished corpusmill shard directory"]
+    _, why = inside(shards_dir, MANIFEST_NAME)
+    if why:
+        return None, [f"{path} {why}"]
     try:
         with open(path, "rb") as f:
             raw = f.read(64 << 20)
@@ -273,6 +280,22 @@ def consistency_problems(m: dict[str, Any]) -> list[str]:
     return problems
 
 
+def file_sha256(path: str) -> str:
+    """sha256 of a file, read in 4 MiB blocks into one reused buffer."""
+    import hashlib
+
+    h = hashlib.sha256()
+    buf = bytearray(4 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+    return h.hexdigest()
+
+
 def _sha256_bytes(path: str) -> tuple[str, bytes]:
     """sha256 and the bytes of a small file, read once (what is hashed is what is parsed)."""
     import hashlib
@@ -294,12 +317,14 @@ def tokenizer_problems(shards_dir: str, manifest: dict[str, Any]) -> list[str]:
     if not os.path.isfile(path):
         return [f"tokenizer {rel}: missing (the manifest's tokenizer file is gone)"]
     try:
+        if file_sha256(path) != tok["sha256"]:  # streamed: a huge file put in its place is not read into memory
+            return [f"tokenizer {rel}: sha256 differs from the manifest's tokenizer.sha256 (file replaced or altered, "
+                    "or the manifest edited)"]
         digest, data = _sha256_bytes(path)
     except OSError as e:
         return [f"tokenizer {rel}: cannot be read: {e.strerror or e}"]
     if digest != tok["sha256"]:
-        return [f"tokenizer {rel}: sha256 differs from the manifest's tokenizer.sha256 (file replaced or altered, "
-                "or the manifest edited)"]
+        return [f"tokenizer {rel}: changed while it was being checked"]
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(data)
@@ -387,11 +412,9 @@ def pairing_problems(path: str, rel: str, samples: Optional[int]) -> list[str]:
     return problems
 
 
-def content_problems(shards_dir: str, manifest: dict[str, Any], hash_files: bool = True) -> list[str]:
+def content_problems(shards_dir: str, manifest: dict[str, Any]) -> list[str]:
     """Size and sha256 of every listed file and `.db` (checked before any parser opens them), the
     tokenizer, each file's header/index pairing and row count, and unlisted MindRecord files."""
-    from .base import file_sha256
-
     root = os.path.abspath(shards_dir)
     problems = tokenizer_problems(root, manifest)
     for entry in manifest["files"]:
@@ -404,15 +427,17 @@ def content_problems(shards_dir: str, manifest: dict[str, Any], hash_files: bool
             problems.append(f"{rel}: sha256 differs from the manifest (file altered or truncated: {size:,} bytes with "
                             f"its .db, manifest says {entry['bytes']:,})")
             continue
-        if hash_files:
-            bad = []
+        bad = []
+        try:
             if file_sha256(path) != entry["sha256"]:
                 bad.append(f"{rel}: sha256 differs from the manifest (file altered or truncated)")
             if file_sha256(path + ".db") != entry["db_sha256"]:
                 bad.append(f"{rel}.db: sha256 differs from the manifest")
-            if bad:
-                problems += bad
-                continue  # never parse a file whose bytes are not the ones written
+        except OSError as e:
+            bad.append(f"{rel}: cannot be read: {e.strerror or e} ({e.filename or path})")
+        if bad:
+            problems += bad
+            continue  # never parse a file whose bytes are not the ones written
         problems += pairing_problems(path, rel, entry["samples"])
     problems += unlisted_problems(root, manifest)
     return problems
@@ -427,6 +452,7 @@ def unlisted_problems(root: str, manifest: dict[str, Any]) -> list[str]:
         for name in sorted(names):
             rel = os.path.normpath(os.path.relpath(os.path.join(folder, name), root))
             if MINDRECORD_NAME.search(name) and rel not in listed:
+                rel = rel.encode("utf-8", "backslashreplace").decode("utf-8")  # a name that is not UTF-8, shown escaped
                 problems.append(f"{rel}: a MindRecord file the manifest does not list (mindformers' dataset_dir "
                                 "would read it)")
     return problems

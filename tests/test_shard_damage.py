@@ -140,6 +140,17 @@ def _ranks_swapped(m: dict) -> None:
     m["files"][0]["rank"], m["files"][1]["rank"] = m["files"][1]["rank"], m["files"][0]["rank"]
 
 
+def _manifest_out(d: Path) -> None:
+    outside = d.parent / "manifest-elsewhere.json"
+    shutil.move(str(d / "manifest.json"), outside)
+    (d / "manifest.json").symlink_to(outside)
+
+
+def _surrogate_path(d: Path) -> None:
+    text = (d / "manifest.json").read_text()
+    (d / "manifest.json").write_text(text.replace(F0, "rank-0000/\\udcff.mindrecord", 1))
+
+
 def _write(text: str) -> Callable[[Path], None]:
     return lambda d: (d / "manifest.json").write_text(text)
 
@@ -189,6 +200,8 @@ DAMAGE = {
                               "misses key(s) sample_length, ranks", None),
     "manifest_wrong_types": (_edit(lambda m: (m.update(ranks="2"), m["files"][0].update(samples=[252]))),
                              'manifest.ranks is "2", expected an integer', None),
+    "manifest_symlinked_outside": (_manifest_out, "manifest.json resolves to", None),
+    "file_name_a_lone_surrogate": (_surrogate_path, "is not a valid file name", None),
     "manifest_deleted": (lambda d: (d / "manifest.json").unlink(), "does not exist: not a finished corpusmill shard", None),
     "format_tag_wrong": (_edit(lambda m: m.update(format="corpusmill-shards/9")), "written by a newer corpusmill", None),
     "format_tag_missing": (_edit(lambda m: m.pop("format")), "has no `format` tag", None),

@@ -35,15 +35,15 @@ def check_shards(shards_dir: str, verify: bool = True, log: Callable[[str], None
     if problems:
         raise ShardMismatch(mf.summary_line(shards_dir, problems) + VERIFY_HINT.format(dir=shards_dir)
                             + " (--no-verify trains anyway)")
+    seconds = time.perf_counter() - started
     first = manifest["files"][0]
     length = _first_sample_length(os.path.join(shards_dir, first["path"]))
     if length != manifest["sample_length"]:
         raise ShardMismatch(f"shards in {shards_dir} do not check out: {first['path']} holds samples of {length} ids, "
                             f"the manifest says sample_length {manifest['sample_length']} (seq_length + 1)")
     size = sum(e["bytes"] for e in manifest["files"])
-    seconds = time.perf_counter() - started
     log(f"train: shards checked against the manifest: {len(manifest['files'])} files, {size / 1e6:.1f} MB sha256 "
-        f"in {seconds:.2f} s, tokenizer and indexes match")
+        f"in {seconds:.2f} s, tokenizer, indexes and sample length match")
     return manifest
 
 
@@ -52,9 +52,8 @@ def _first_sample_length(path: str) -> int:
     import mindspore.dataset as ds
 
     data = ds.MindDataset([path], columns_list=["input_ids"], shuffle=False, num_parallel_workers=1, num_samples=1)
-    for (row,) in data.create_tuple_iterator(output_numpy=True, num_epochs=1):
-        return int(row.shape[0]) if row.ndim == 1 else -1
-    return 0
+    rows = [row for (row,) in data.create_tuple_iterator(output_numpy=True, num_epochs=1)]  # run to its end
+    return (int(rows[0].shape[0]) if rows[0].ndim == 1 else -1) if rows else 0
 
 
 def check_model_fits(manifest: dict[str, Any], seq_length: Optional[int], vocab_size: Optional[int]) -> tuple[int, int]:
