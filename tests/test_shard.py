@@ -94,3 +94,24 @@ def test_file_names_per_layout_are_what_mindformers_collects():
     assert names[0] == "corpus.mindrecord00" and names[-1] == "corpus.mindrecord11" and len(set(names)) == 12
     assert all(MINDRECORD_NAME.search(n) for n in names)
     assert not MINDRECORD_NAME.search("corpus.mindrecord00.db")
+
+
+def test_a_written_file_and_its_index_name_each_other_and_a_renamed_file_is_caught(tmp_path):
+    """The pairing check reads what FileWriter really writes (header `shard_addresses`, the index's
+    SHARD_NAME and row count) without MindSpore; a file renamed apart from its .db is named."""
+    import os
+
+    from stages.manifest import pairing_problems, read_header
+
+    window = 9
+    parts = _pack_parts(tmp_path, [12], window)
+    part = gather_positions(parts, [np.arange(12, dtype=np.int64)], 0, 12, used=12, total=12, window=window)
+    path = str(tmp_path / "a.mindrecord")
+    write_mindrecord(part, path, window, write_batch=5)
+    assert read_header(path)["shard_addresses"] == ["a.mindrecord"]
+    assert pairing_problems(path, "a.mindrecord", 12) == []
+    assert pairing_problems(path, "a.mindrecord", 11) == ["a.mindrecord: 12 samples in its index, manifest says 11"]
+    for suffix in ("", ".db"):
+        os.rename(path + suffix, str(tmp_path / "b.mindrecord") + suffix)
+    problems = pairing_problems(str(tmp_path / "b.mindrecord"), "b.mindrecord", 12)
+    assert any("header names" in p for p in problems) and any("written for a.mindrecord" in p for p in problems)
