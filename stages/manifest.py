@@ -262,7 +262,7 @@ def consistency_problems(m: dict[str, Any]) -> list[str]:
                             "(ranks swapped or edited in the manifest)")
         if rank is not None:
             per_rank.setdefault(rank, []).append(e["samples"])
-    if layout == "per_rank":
+    if layout == "per_rank" and len(files) == ranks * fpr:  # (else said above; and `ranks` may be absurd)
         for rank in range(ranks):
             got = per_rank.get(rank, [])
             if len(got) != fpr:

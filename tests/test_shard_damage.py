@@ -177,6 +177,7 @@ DAMAGE = {
     "seq_length_edited_consistently_everywhere": (_edit(_all_lengths), "samples of shape (33,) int32, expected (17,)",
                                                   "holds samples of 33 ids, the manifest says sample_length 17"),
     "ranks_edited": (_edit(lambda m: m.update(ranks=3)), "ranks 3 x files_per_rank 1 = 3 files, but the manifest lists 2", None),
+    "ranks_edited_absurdly": (_edit(lambda m: m.update(ranks=10 ** 15)), "files, but the manifest lists 2", None),
     "two_files_ranks_swapped": (_edit(_ranks_swapped), f"{F0}: listed for rank 1 but its name says rank 0", None),
     "file_entry_absolute_path": (_path_outside(True), "is an absolute path", None),
     "file_entry_dotdot_path": (_path_outside(False), "climbs out of the folder with '..'", None),
