@@ -7,7 +7,10 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 DEFAULT_DEMO_OUT = "corpusmill-demo"
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
