@@ -226,8 +226,8 @@ def _check_file(path: str) -> Optional[tuple[int, int]]:
 
 def expand_inputs(patterns: list[str]) -> list[str]:
     """Files named by paths, folders and globs, sorted; each real file once (by device and inode;
-    a path without links names it, else the first in sorted order). Their order fixes uids. InputError, before any
-    work, for a path that does not exist, matches nothing, or cannot be read."""
+    a path without links names it, else the first in sorted order). Their order fixes uids.
+    InputError, before any work, for a path that does not exist, matches nothing, or cannot be read."""
     if not patterns:
         raise InputError("no input paths given (input.paths is empty)")
     keys: dict[str, tuple[int, int]] = {}
@@ -629,8 +629,7 @@ def _has_surrogate(s: str) -> bool:
 def _surrogate_field(record: dict) -> Optional[str]:
     """The first field (name shown escaped) whose name or value holds a lone surrogate."""
     for key, value in record.items():
-        text = key if _has_surrogate(key) else (value if isinstance(value, str) else
-                                                json.dumps(value, ensure_ascii=False) if isinstance(value, (list, dict)) else "")
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         if _has_surrogate(key) or _has_surrogate(text):
             return _safe_text(key)
     return None
@@ -655,7 +654,8 @@ def _check_record(raw: bytes, opts: ReadOptions) -> tuple[Optional[dict], Option
     if opts.text_field not in record:
         return None, "missing_text", f"missing text field '{opts.text_field}'"
     if not isinstance(record[opts.text_field], str):
-        return None, "text_not_string", f"text field '{opts.text_field}' is {_describe_type(record[opts.text_field])}, not a string"
+        return (None, "text_not_string",
+                f"text field '{opts.text_field}' is {_describe_type(record[opts.text_field])}, not a string")
     for value in record.values():
         if type(value) in (list, dict):
             if _nesting(record) > MAX_NESTING:

@@ -371,7 +371,8 @@ def test_symlink_loop_reads_each_file_once_and_ends(tmp_path):
     expected = [str(root / "a.jsonl"), str(root / "sub" / "b.jsonl")]
     assert read.expand_inputs([str(root)]) == expected
     assert read.expand_inputs([str(root / "**" / "*.jsonl")]) == expected
-    assert read.expand_inputs([str(root), str(root / "sub"), str(root / "**" / "*.jsonl"), str(root / "alias.jsonl")]) == expected
+    every_way = [str(root), str(root / "sub"), str(root / "**" / "*.jsonl"), str(root / "alias.jsonl")]
+    assert read.expand_inputs(every_way) == expected
 
 
 def test_links_to_folders_inside_an_input_folder_are_followed(tmp_path):
@@ -483,7 +484,8 @@ def test_cli_on_error_fail_is_one_line_and_exit_2(tmp_path, dask_client, capsys)
     from pipeline.cli import main
 
     (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "a.jsonl").write_bytes(b'{"text": "good one"}\n{"text": "deep", "x": ' + b"[" * 30000 + b"]" * 30000 + b"}\n")
+    deep = b'{"text": "deep", "x": ' + b"[" * 30000 + b"]" * 30000 + b"}\n"
+    (tmp_path / "in" / "a.jsonl").write_bytes(b'{"text": "good one"}\n' + deep)
     cfg = tmp_path / "strict.yaml"
     cfg.write_text("input:\n  on_error: fail\n", encoding="utf-8")
     code = main(["dedup", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--config", str(cfg),
