@@ -495,3 +495,31 @@ def test_cli_on_error_fail_is_one_line_and_exit_2(tmp_path, dask_client, capsys)
     assert err[-1] == (f"corpusmill: error: {tmp_path / 'in' / 'a.jsonl'} line 2: JSON nested too deep to read [too_deep] "
                        "(input.on_error is fail; set it to quarantine to go on past such input)")
     assert "Traceback" not in "\n".join(err)
+
+
+def test_corrupt_zst_frame_keeps_the_frames_before_it(tmp_path):
+    data = _lines(600)
+    frames = [_zst(data[i:i + 6000]) for i in range(0, len(data), 6000)]
+    broken = bytearray(frames[2])
+    broken[0] ^= 0xFF  # the third frame's magic number
+    path = tmp_path / "f.jsonl.zst"
+    path.write_bytes(frames[0] + frames[1] + bytes(broken) + b"".join(frames[3:]))
+    docs, quarantine, _ = _read_all([path], tmp_path)
+    kept = data[:12000].count(b"\n")  # the lines wholly inside the first two frames
+    assert [d["id"] for d in docs] == [f"r{i}" for i in range(kept)]
+    [q] = quarantine
+    assert q["code"] == "corrupt_stream" and q["after_line"] == kept and q["partial_bytes"] > 0
+    damaged = len(path.read_bytes()) - len(frames[0]) - len(frames[1])
+    assert damaged <= q["lost_bytes"] < damaged + 256  # found to within 256 bytes
+
+
+def test_invalid_utf8_in_a_parquet_string_column_quarantines_that_row_only(tmp_path):
+    """Arrow does not check UTF-8 when it reads Parquet; Python does when it converts a value."""
+    values = [b"good row", b"bad \xff row", b"another good row"]
+    offsets = pa.array([0, 8, 16, 32], pa.int32()).buffers()[1]
+    text = pa.Array.from_buffers(pa.string(), 3, [None, offsets, pa.py_buffer(b"".join(values))])
+    pq.write_table(pa.table({"text": text, "id": ["a", "b", "c"]}), tmp_path / "u.parquet")
+    docs, quarantine, stats = _read_all([tmp_path / "u.parquet"], tmp_path)
+    assert [d["id"] for d in docs] == ["a", "c"]
+    assert [(q["line"], q["code"]) for q in quarantine] == [(2, "invalid_utf8")] and "'text'" in quarantine[0]["reason"]
+    assert stats["docs_in"] == 3
