@@ -251,7 +251,9 @@ def test_truncated_jsonl_zst_keeps_its_head_and_reports_one_lost_input_row(tmp_p
     assert n > 500 and [d["id"] for d in docs] == [f"r{i}" for i in range(n)]  # every record before the damage
     [q] = quarantine
     assert q["code"] == "truncated_stream" and q["after_line"] == n and q["line"] == n + 1 and q["lost_input"]
-    assert f"after line {n}" in q["reason"] and q["partial_bytes"] == len(q["snippet"].encode()) or q["partial_bytes"] >= 0
+    assert f"after line {n}" in q["reason"]
+    next_line = _lines(1000).split(b"\n")[n]  # the record cut by the damage: its decoded head is the snippet
+    assert q["partial_bytes"] == len(q["snippet"].encode()) and next_line.startswith(q["snippet"].encode())
     assert stats["docs_in"] == n and stats["quarantined"] == 0 and stats["lost_input"]["files"] == 1
 
 
