@@ -266,29 +266,46 @@ def read_back(path: str, window: int) -> tuple[int, int]:
     return count, digest
 
 
+EOD_OUTPUT_COLUMNS = ["input_ids", "position_ids", "attention_mask"]  # what mindformers' EOD-reset map makes
+
+
 def mindformers_snippet(shards_dir: str, layout: str, sample_length: int, columns: list[str],
-                        eod_token_id: Optional[int]) -> str:
+                        eod_token_id: Optional[int], workers: Optional[int] = None) -> str:
     """A `train_dataset` section stock mindformers reads as it is (its MindDataset loader collects
     the MindRecord files under `dataset_dir` and splits their samples with num_shards = data
-    parallel, shard_id = rank)."""
+    parallel, shard_id = rank). With EOD reset, mindformers' CausalLanguageModelDataset maps
+    `input_ids` alone to (input_ids, position_ids, attention_mask) and projects `output_columns`,
+    so both must be given as its own configs do: without them it stops with a TypeError.
+    MindSpore refuses more parallel workers than the host has CPUs, so the default is this host's
+    count, at most 8."""
     import json
 
-    eod = "" if eod_token_id is None else (
-        f"  eod_reset: True  # documents are packed together: reset attention and positions at EOS\n"
-        f"  eod_token_id: {eod_token_id}\n")
+    workers = workers or max(1, min(8, os.cpu_count() or 1))
+    if eod_token_id is None:
+        eod, inputs = "", columns
+    else:
+        inputs = ["input_ids"]
+        eod = (f"  output_columns: {json.dumps(EOD_OUTPUT_COLUMNS)}\n"
+               f"  eod_reset: True  # documents are packed together: reset attention and positions at EOS\n"
+               f"  eod_token_id: {eod_token_id}\n")
+    note = ""
+    if eod_token_id is not None and "labels" in columns:
+        note = ("# The files also hold `labels` (-100 on trailing padding); mindformers' EOD-reset map takes\n"
+                "# input_ids only, so set the model's pad_token_id to manifest.json's tokenizer.pad_id to keep\n"
+                "# padding out of the loss (or set eod_reset: False and input_columns: [input_ids, labels]).\n")
     where = (f"# For one rank's files only, point dataset_dir at {shards_dir}/rank-NNNN." if layout == "per_rank" else
              "# Files are corpus.mindrecordNN, each with its own header (as FileWriter's parallel writer makes\n"
              "# them): give MindDataset the list of files (dataset_dir does), not one file name.")
     return f"""# Paste into a mindformers pretraining YAML. Samples are `input_ids` of {sample_length} int32
 # (seq_length + 1). num_parallel_workers must not exceed the training host's CPU count.
 {where}
-train_dataset: &train_dataset
+{note}train_dataset: &train_dataset
   data_loader:
     type: MindDataset
     dataset_dir: "{shards_dir}"
     shuffle: True
-  input_columns: {json.dumps(columns)}
-{eod}  num_parallel_workers: 8
+  input_columns: {json.dumps(inputs)}
+{eod}  num_parallel_workers: {workers}
   python_multiprocessing: False
   drop_remainder: True
   batch_size: 1

@@ -167,8 +167,100 @@ def test_manifest_describes_files(run):
     assert manifest["vocab_size"] == tok["vocab_size"] <= 1500 and tok["pad_id"] == 3
 
 
-def test_stock_mindformers_loader_reads_the_shards(run):
-    """mindformers' MindDataset loader: every *.mindrecord under dataset_dir, split by num_shards."""
+# mindformers 1.9.0 pins mindspore 2.9 and pyarrow 19, so it cannot live in the project's venv: it is
+# installed with --no-deps (it runs on mindspore 2.10 on CPU) beside the few pure-Python modules its
+# dataset code imports, into a folder of its own that only the child process below puts on its path.
+MINDFORMERS = ["mindformers==1.9.0", "deprecated==1.3.1", "wrapt==2.5.2", "jieba==0.42.1", "rouge_chinese==1.0.3",
+               "nltk==3.9.1", "datasets==4.0.0", "multiprocess==0.70.16", "huggingface_hub==0.36.0", "tqdm==4.70.1",
+               "filelock==4.3.1", "tokenizers==0.22.1", "mindpet==1.0.4", "transformers==4.57.1", "tensorboardX==2.6.5"]
+
+# Builds the dataset the way a mindformers run does: the YAML file as written, MindFormerConfig,
+# build_dataset(train_dataset_task) -> CausalLanguageModelDataset; prints what it yields.
+MINDFORMERS_READER = """
+import json, sys
+import numpy as np
+from mindformers import MindFormerConfig
+from mindformers.dataset import build_dataset
+dataset = build_dataset(MindFormerConfig(sys.argv[1]).train_dataset_task)
+rows = []
+for row in dataset.create_dict_iterator(output_numpy=True, num_epochs=1):
+    rows.append({k: {"shape": list(v.shape), "dtype": str(v.dtype),
+                     "value": v.tolist() if k != "attention_mask" else np.asarray(v[0]).sum(axis=1).tolist()}
+                 for k, v in row.items()})
+print("ROWS" + json.dumps({"columns": dataset.get_col_names(), "rows": rows}))
+"""
+
+
+@pytest.fixture(scope="session")
+def mindformers_site(request) -> Path:
+    """A folder holding stock mindformers 1.9.0, installed once (pip, --no-deps) and kept in pytest's cache."""
+    import os
+    import subprocess
+    import sys
+
+    given = os.environ.get("CORPUSMILL_MINDFORMERS_SITE")
+    site = Path(given) if given else request.config.cache.mkdir("mindformers-1.9.0")
+    done = site / "installed.txt"
+    if not done.exists() or done.read_text() != "\n".join(MINDFORMERS):
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(site),
+                               *MINDFORMERS], capture_output=True, text=True, timeout=1800)
+        if proc.returncode:
+            pytest.skip("mindformers 1.9.0 could not be installed from the package registry: "
+                        + (proc.stderr.strip().splitlines() or ["pip failed"])[-1])
+        done.write_text("\n".join(MINDFORMERS))
+    return site
+
+
+def build_with_stock_mindformers(site: Path, yaml_file: Path, cwd: Path) -> dict:
+    """Run mindformers' own CausalLanguageModelDataset on `yaml_file` in a child process."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    proc = subprocess.run([sys.executable, "-c", MINDFORMERS_READER, str(yaml_file)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+    out = [line for line in proc.stdout.splitlines() if line.startswith("ROWS")]
+    assert proc.returncode == 0 and out, proc.stderr[-3000:]
+    return json.loads(out[-1][4:])
+
+
+def test_generated_mindformers_yaml_builds_in_stock_mindformers_with_eod_reset(run, mindformers_site, tmp_path):
+    """The file as written, pasted into mindformers 1.9.0: CausalLanguageModelDataset builds from it
+    (no `output_columns` TypeError), yields every sample once with positions reset after each EOS."""
+    import yaml
+
+    shards = run["out"] / "shards"
+    manifest = json.loads((shards / "manifest.json").read_text())
+    generated = shards / "mindformers_train_dataset.yaml"
+    section = yaml.safe_load(generated.read_text())["train_dataset"]
+    assert section["eod_reset"] is True and section["output_columns"] == ["input_ids", "position_ids", "attention_mask"]
+    got = build_with_stock_mindformers(mindformers_site, generated, tmp_path)
+
+    assert got["columns"] == ["input_ids", "position_ids", "attention_mask"]
+    window, eos = manifest["sample_length"], manifest["tokenizer"]["eos_id"]
+    assert len(got["rows"]) == manifest["total_samples"]  # one rank, batch_size 1
+    _, per_rank = _read_shards(shards)
+    stored = collections.Counter(tuple(r.tolist()) for rows in per_rank.values() for r in rows)
+    seen = collections.Counter(tuple(r["input_ids"]["value"][0]) for r in got["rows"])
+    assert seen == stored
+    resets = 0
+    for r in got["rows"]:
+        ids, pos, visible = r["input_ids"]["value"][0], r["position_ids"]["value"][0], r["attention_mask"]["value"]
+        assert r["input_ids"]["shape"] == [1, window] and r["input_ids"]["dtype"] == "int32"
+        assert r["position_ids"]["shape"] == [1, window - 1] and r["attention_mask"]["shape"] == [1, window - 1, window - 1]
+        for i in range(1, window - 1):
+            if ids[i - 1] == eos:
+                assert pos[i] == 0 and visible[i] == 1  # a new document sees only itself
+                resets += 1
+            else:
+                assert pos[i] == pos[i - 1] + 1 and visible[i] == visible[i - 1] + 1
+    assert resets > 0
+
+
+def test_snippets_dataset_dir_split_by_minddataset_gives_each_rank_its_share(run):
+    """mindformers' file collection under dataset_dir (every *.mindrecord, sorted) split by
+    num_shards = ranks gives each rank the manifest's count; a rank folder holds that rank's files."""
     import os
 
     import mindspore.dataset as ds
@@ -286,7 +378,10 @@ def test_trainer_refuses_mismatched_shards(run):
 
 
 @pytest.mark.parametrize("mode", ["best_fit", "pad"])
-def test_padded_pack_modes_write_masked_labels(run, dask_client, tmp_path, mode):
+def test_padded_pack_modes_write_masked_labels_and_their_snippet_builds_in_stock_mindformers(
+        run, dask_client, tmp_path, mindformers_site, mode):
+    """Padding is masked in `labels`; the generated YAML builds in mindformers 1.9.0 as written: pad
+    mode reads input_ids and labels, best_fit (EOD reset) maps input_ids to the three EOD columns."""
     import mindspore.dataset as ds
     import yaml
 
@@ -306,9 +401,17 @@ def test_padded_pack_modes_write_masked_labels(run, dask_client, tmp_path, mode)
         assert not masked.any() or masked[np.argmax(masked):].all()  # padding only at the end
         padded += int(masked.sum())
     assert padded == packing["pad_tokens"] - 0  # every pad token is masked (no samples dropped at 1 rank)
-    snippet = yaml.safe_load((shards / "mindformers_train_dataset.yaml").read_text())["train_dataset"]
-    assert snippet["input_columns"] == ["input_ids", "labels"]
+    generated = shards / "mindformers_train_dataset.yaml"
+    snippet = yaml.safe_load(generated.read_text())["train_dataset"]
     assert ("eod_reset" in snippet) == (mode == "best_fit")
+    got = build_with_stock_mindformers(mindformers_site, generated, tmp_path)
+    assert len(got["rows"]) == manifest["total_samples"]
+    if mode == "best_fit":  # mindformers' EOD-reset map takes input_ids alone; the note names the pad id
+        assert got["columns"] == ["input_ids", "position_ids", "attention_mask"]
+        assert "pad_token_id" in generated.read_text()
+    else:
+        assert got["columns"] == ["input_ids", "labels"]
+        assert sum(row["labels"]["value"][0].count(-100) for row in got["rows"]) == packing["pad_tokens"]
 
 
 def test_global_layout_with_pad_remainder_is_split_equally_by_minddataset(run, dask_client, tmp_path):
