@@ -216,30 +216,42 @@ class FilterConfig(_Section):
 
 
 class ShinglingConfig(_Section):
+    unit: Literal["char", "word"] = Field(
+        "char", description="Shingle components: char = characters of every script (whitespace dropped), so the "
+        "MinHash threshold is on character n-gram Jaccard in English, Chinese and mixed text alike; word = words, "
+        "or characters for a document at least cjk_share CJK."
+    )
     lowercase: bool = Field(True, description="Lowercase before shingling.")
     strip_punctuation: bool = Field(True, description="Treat punctuation and symbols as spaces before shingling.")
     cjk_share: float = Field(
-        0.3, ge=0, le=1, description="A document at least this share CJK (of non-space characters) is shingled by character."
+        0.3, ge=0, le=1, description="With unit: word, a document at least this share CJK (of non-space characters) is "
+        "shingled by character."
     )
 
 
 class MinHashConfig(_Section):
     enabled: bool = Field(True, description="Find near duplicates with MinHash LSH.")
-    threshold: float = Field(0.8, gt=0, le=1, description="Jaccard similarity at which two documents are duplicates.")
+    threshold: float = Field(0.8, gt=0, le=1, description="Jaccard similarity of the two documents' shingle sets (character "
+                             "5-grams by default, see dedup.shingling.unit) at which they are duplicates.")
     num_perm: int = Field(128, gt=0, le=4096, description="Permutations per signature (at most 4096).")
     bands: Optional[int] = Field(
-        None, gt=0, le=4096, description="LSH bands; null = datasketch's optimum for the threshold (recall-weighted when verify is on)."
+        None, gt=0, le=4096, description="LSH bands; null = tuned for recall when verify is on (a pair at the threshold is a "
+        "candidate with probability >= 0.998), else datasketch's optimum."
     )
     rows: Optional[int] = Field(None, gt=0, le=4096, description="Rows per band; null = datasketch's optimum for the threshold.")
     word_ngram: int = Field(5, gt=0, le=MAX_NGRAM, description="Shingle size in words, for space-delimited text.")
-    char_ngram: int = Field(5, gt=0, le=MAX_NGRAM, description="Shingle size in characters, for CJK text.")
+    char_ngram: int = Field(5, gt=0, le=MAX_NGRAM, description="Shingle size in characters (every text with unit: char).")
     seed: int = Field(1, ge=0, le=MAX_SEED, description="Permutation seed (as datasketch.MinHash's seed; 0 to 2^32-1).")
-    verify: bool = Field(True, description="Keep a candidate pair only if its signatures agree on >= threshold of values.")
+    verify: bool = Field(True, description="Keep a candidate pair only if the true Jaccard of its two shingle sets is >= "
+                         "threshold (computed from the texts); off: every LSH candidate is a duplicate.")
 
 
 class SimHashConfig(_Section):
     enabled: bool = Field(False, description="Find near duplicates with 64-bit SimHash.")
     max_distance: int = Field(3, ge=0, le=15, description="Largest Hamming distance counted as a duplicate (k).")
+    unit: Literal["word", "char"] = Field(
+        "word", description="Feature components (as dedup.shingling.unit; word: words, characters for CJK documents)."
+    )
     word_ngram: int = Field(3, gt=0, le=MAX_NGRAM, description="Feature size in words, for space-delimited text.")
     char_ngram: int = Field(3, gt=0, le=MAX_NGRAM, description="Feature size in characters, for CJK text.")
     max_bucket: int = Field(1000, gt=1, le=MAX_COUNT, description="Distinct fingerprints a bucket compares all-pairs; larger ones use a window.")

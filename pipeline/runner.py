@@ -509,12 +509,12 @@ class Pipeline:
         nparts = max(1, len(parts))
         sh = dc.shingling
         spec = near_dedup.SignatureSpec(
-            minhash=ShingleSpec(dc.minhash.word_ngram, dc.minhash.char_ngram, sh.lowercase, sh.strip_punctuation, sh.cjk_share)
-            if dc.minhash.enabled else None,
+            minhash=ShingleSpec(dc.minhash.word_ngram, dc.minhash.char_ngram, sh.lowercase, sh.strip_punctuation, sh.cjk_share,
+                                sh.unit) if dc.minhash.enabled else None,
             num_perm=dc.minhash.num_perm,
             seed=dc.minhash.seed,
-            simhash=ShingleSpec(dc.simhash.word_ngram, dc.simhash.char_ngram, sh.lowercase, sh.strip_punctuation, sh.cjk_share)
-            if dc.simhash.enabled else None,
+            simhash=ShingleSpec(dc.simhash.word_ngram, dc.simhash.char_ngram, sh.lowercase, sh.strip_punctuation, sh.cjk_share,
+                                dc.simhash.unit) if dc.simhash.enabled else None,
             keep_field=dc.keep_field if dc.keep == "field" else None,
             normalize=normalize_opts,
         )
@@ -540,8 +540,23 @@ class Pipeline:
             cand = cand.persist()
             n_cand = int(cand.map_partitions(len).compute().sum())
             threshold = dc.minhash.threshold if dc.minhash.verify else None
-            if n_cand * (8 * dc.minhash.num_perm + 16) <= budget:
-                # few candidates: fetch just their endpoints' signatures and verify here
+            if threshold is not None:
+                # exact verification: the true Jaccard of the two shingle sets, from the endpoints' texts only
+                ends = dd.concat([cand[["a"]].rename(columns={"a": "u"}), cand[["b"]].rename(columns={"b": "u"})])
+                endpoints = np.unique(ends["u"].unique().compute().to_numpy()).astype(np.int64)
+                ends_future = client.scatter(endpoints, broadcast=True)
+                text_meta = pd.DataFrame({"uid": pd.Series(dtype="int64"), "text": pd.Series(dtype=object)})
+
+                def texts(side: str):
+                    return dd.from_delayed([delayed(near_dedup.texts_for_uids)(p, ends_future, normalize_opts,
+                                                                               {"uid": side, "text": "text_" + side})
+                                            for p in parts], meta=text_meta.rename(columns={"uid": side, "text": "text_" + side}),
+                                           verify_meta=False)
+                self.log(f"  near_dedup: verifying {n_cand} candidate pairs by exact Jaccard ({len(endpoints)} documents)")
+                verified = cand.merge(texts("a"), on="a").merge(texts("b"), on="b").map_partitions(
+                    near_dedup.verify_exact_edges, spec.minhash, threshold, meta=near_dedup.VERIFIED_META)
+            elif n_cand * (8 * dc.minhash.num_perm + 16) <= budget:
+                # no verification: the signatures' estimate is the similarity reported
                 pairs = cand.compute()
                 endpoints = np.unique(np.concatenate([pairs["a"].to_numpy(), pairs["b"].to_numpy()]))
                 sigs = self._rows_for_uids(sig_paths, endpoints, ["uid", "minhash"], "near_dedup: fetch candidate signatures")
@@ -549,8 +564,6 @@ class Pipeline:
                 sim = minhash.signature_jaccard(near_dedup.lookup(uids, matrix, pairs["a"].to_numpy()),
                                                 near_dedup.lookup(uids, matrix, pairs["b"].to_numpy()))
                 verified = pd.DataFrame({"a": pairs["a"].to_numpy(), "b": pairs["b"].to_numpy(), "similarity": sim})
-                if threshold is not None:
-                    verified = verified[verified["similarity"] >= threshold]
                 verified = dd.from_pandas(verified.reset_index(drop=True), npartitions=1)
             else:
                 sig_a = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "minhash"],
@@ -599,7 +612,7 @@ class Pipeline:
                  f"(edge list {n_edges * 16 / 2**20:.1f} MiB, budget {dc.components_memory_mb} MiB)")
         stats["components_mode"] = mode
         if mode == "in_memory":
-            removed_pd = self._removed_in_memory(labels, edge_files, sig_paths)
+            removed_pd = self._removed_in_memory(labels, edge_files, sig_paths, parts, normalize_opts, spec.minhash)
             removed_dir = folder / "removed"
             if len(removed_pd):
                 write_table_atomic(pa.Table.from_pandas(removed_pd, preserve_index=False), removed_dir / "part.0.parquet")
@@ -630,8 +643,11 @@ class Pipeline:
         uids_future = self.client.scatter(np.sort(uids), broadcast=True)
         return run_tasks(self.client, [delayed(near_dedup.rows_for_uids)(p, uids_future, fields) for p in sig_paths], label)
 
-    def _removed_in_memory(self, labels: pd.DataFrame, edge_files: list[str], sig_paths: list[str]) -> pd.DataFrame:
-        """Keepers, reasons and similarities when the clustered documents fit in memory."""
+    def _removed_in_memory(self, labels: pd.DataFrame, edge_files: list[str], sig_paths: list[str],
+                           parts: Optional[list[str]] = None, normalize_opts: Optional[dict] = None,
+                           exact_spec: Optional[ShingleSpec] = None) -> pd.DataFrame:
+        """Keepers, reasons and similarities when the clustered documents fit in memory. With MinHash
+        verification on, a MinHash-removed document's score is its true Jaccard to the kept one."""
         dc = self.cfg.dedup
         if labels.empty:
             return near_dedup.REMOVED_META.copy()
@@ -651,7 +667,19 @@ class Pipeline:
 
         removed["sig_a"] = signatures_of(removed["uid"].to_numpy())
         removed["sig_b"] = signatures_of(removed["duplicate_of"].to_numpy())
-        return near_dedup.finish_removed(removed, dc.minhash.threshold, 1.0 - dc.simhash.max_distance / 64.0)
+        out = near_dedup.finish_removed(removed, dc.minhash.threshold, 1.0 - dc.simhash.max_distance / 64.0)
+        by_minhash = (out["reason"] == "minhash").to_numpy()
+        if dc.minhash.enabled and dc.minhash.verify and parts and exact_spec is not None and by_minhash.any():
+            a, b = out["uid"].to_numpy()[by_minhash], out["duplicate_of"].to_numpy()[by_minhash]
+            want = np.unique(np.concatenate([a, b]))
+            future = self.client.scatter(want, broadcast=True)
+            texts = pd.concat(run_tasks(self.client, [delayed(near_dedup.texts_for_uids)(p, future, normalize_opts) for p in parts],
+                                        "near_dedup: similarity to the kept documents"), ignore_index=True).sort_values("uid")
+            uids, values = texts["uid"].to_numpy(), np.asarray(texts["text"].tolist(), dtype=object)
+            exact = near_dedup.verify_pairs_exact(a, b, list(near_dedup.lookup(uids, values, a)),
+                                                  list(near_dedup.lookup(uids, values, b)), exact_spec, None)
+            out.loc[by_minhash, "score"] = exact["similarity"].to_numpy()
+        return out
 
     def _finish_near_dedup(self, folder: Path, parts: list[str], stats: dict) -> dict:
         """Remove what the near-duplicate search found, and summarise the clusters."""

@@ -6,9 +6,9 @@ with the (a, b) that `datasketch.MinHash(num_perm, seed)` draws; a signature is 
 permutation. Here that runs as uint32 matrix operations over whole batches of documents.
 
 LSH: the signature is cut into `bands` bands of `rows` values; each band is folded into a 64-bit
-key. Documents sharing a (band, key) bucket are candidates; a bucket yields an edge from each
-member to its smallest uid (not all pairs), optionally kept only when the two signatures agree on
-at least `threshold` of their values.
+key. Documents sharing a (band, key) bucket are candidates: a small bucket yields all its pairs, a
+large one an edge from each member to its smallest uid. Candidates are then verified by the true
+Jaccard of their shingle sets (near_dedup.exact_jaccard), so the bands are tuned for recall.
 """
 from __future__ import annotations
 
@@ -62,14 +62,32 @@ def signature_jaccard(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return (x == y).mean(axis=1)
 
 
-def optimal_bands(threshold: float, num_perm: int, verify: bool = True) -> tuple[int, int]:
-    """datasketch's optimal (bands, rows) for the threshold. With verification on, candidates are
-    checked against their signatures anyway, so the bands are tuned for recall (false negatives
-    weigh 0.9, false positives 0.1); without it, both weigh 0.5 (datasketch's default)."""
-    from datasketch.lsh import _optimal_param
+RECALL_AT_THRESHOLD = 0.998
 
-    fp, fn = (0.1, 0.9) if verify else (0.5, 0.5)
-    return _optimal_param(threshold, num_perm, fp, fn)
+
+def optimal_bands(threshold: float, num_perm: int, verify: bool = True) -> tuple[int, int]:
+    """(bands, rows) for the threshold.
+
+    With verification on, every candidate's true Jaccard is computed anyway, so a false candidate
+    costs only time: the bands are the fewest-candidate choice that still makes a pair *at* the
+    threshold a candidate with probability >= RECALL_AT_THRESHOLD (the most rows r, with
+    bands = num_perm // r, such that 1 - (1 - t^r)^bands reaches it). Without verification,
+    datasketch's optimum weighing false positives and negatives equally."""
+    if not verify:
+        from datasketch.lsh import _optimal_param
+
+        return _optimal_param(threshold, num_perm, 0.5, 0.5)
+    best = (num_perm, 1)
+    for r in range(1, num_perm + 1):
+        b = num_perm // r
+        if 1.0 - (1.0 - threshold ** r) ** b >= RECALL_AT_THRESHOLD:
+            best = (b, r)
+    return best
+
+
+def candidate_probability(similarity: float, bands: int, rows: int) -> float:
+    """Chance that two documents of this Jaccard share at least one LSH bucket."""
+    return 1.0 - (1.0 - similarity ** rows) ** bands
 
 
 def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
@@ -98,12 +116,22 @@ def band_rows(uids: np.ndarray, sig: np.ndarray, bands: int, rows: int) -> pd.Da
     })
 
 
-def bucket_edges(rows: pd.DataFrame) -> pd.DataFrame:
-    """Within a frame holding whole buckets: an edge from every member to the bucket's smallest uid."""
+def bucket_edges(rows: pd.DataFrame, all_pairs_upto: int = 8) -> pd.DataFrame:
+    """Within a frame holding whole buckets: every pair of a bucket of at most `all_pairs_upto`
+    members (so one chance member cannot hide a true pair behind it), and in a larger bucket an
+    edge from every member to the bucket's smallest uid."""
     if rows.empty:
         return EDGE_META.copy()
-    smallest = rows.groupby("band_key", sort=False)["uid"].transform("min").to_numpy()
+    g = rows.groupby("band_key", sort=False)["uid"]
+    size = g.transform("size").to_numpy()
+    smallest = g.transform("min").to_numpy()
     uid = rows["uid"].to_numpy()
-    mask = uid != smallest
-    edges = pd.DataFrame({"a": uid[mask], "b": smallest[mask]})
+    big = (size > all_pairs_upto) & (uid != smallest)
+    frames = [pd.DataFrame({"a": uid[big], "b": smallest[big]})]
+    small = rows[(size >= 2) & (size <= all_pairs_upto)]
+    if len(small):
+        pairs = small.merge(small, on="band_key", suffixes=("_a", "_b"))
+        pairs = pairs[pairs["uid_a"] > pairs["uid_b"]]
+        frames.append(pd.DataFrame({"a": pairs["uid_a"].to_numpy(), "b": pairs["uid_b"].to_numpy()}))
+    edges = pd.concat(frames, ignore_index=True).astype(EDGE_META.dtypes.to_dict())
     return edges.drop_duplicates(ignore_index=True)

@@ -141,6 +141,74 @@ def verify_minhash_edges(part: pd.DataFrame, threshold: Optional[float]) -> pd.D
     return out if threshold is None else out[out["similarity"] >= threshold].reset_index(drop=True)
 
 
+def exact_jaccard(texts_a: pa.Array, texts_b: pa.Array, spec: ShingleSpec) -> np.ndarray:
+    """True Jaccard of the shingle sets (64-bit shingle hashes) of each row-aligned pair of texts.
+
+    Vectorised over all pairs: each side's (pair, hash) rows are made unique by one sort, then the
+    two sides together are sorted once more and equal neighbours counted as the intersection."""
+    n = len(texts_a)
+    if n == 0:
+        return np.zeros(0)
+
+    def unique_rows(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        hashes, offsets = shingle_hashes(texts, spec)
+        pair = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
+        order = np.lexsort((hashes, pair))
+        pair, hashes = pair[order], hashes[order]
+        first = np.r_[True, (pair[1:] != pair[:-1]) | (hashes[1:] != hashes[:-1])] if len(pair) else np.zeros(0, bool)
+        return pair[first], hashes[first]
+
+    pa_, ha = unique_rows(texts_a)
+    pb, hb = unique_rows(texts_b)
+    size_a, size_b = np.bincount(pa_, minlength=n), np.bincount(pb, minlength=n)
+    pair, hashes = np.concatenate([pa_, pb]), np.concatenate([ha, hb])
+    order = np.lexsort((hashes, pair))
+    pair, hashes = pair[order], hashes[order]
+    same = (pair[1:] == pair[:-1]) & (hashes[1:] == hashes[:-1])
+    inter = np.bincount(pair[1:][same], minlength=n)
+    union = size_a + size_b - inter
+    return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
+
+
+VERIFY_PAIRS = 4096  # pairs per exact_jaccard call: bounds the transient shingle arrays
+
+
+def verify_pairs_exact(a: np.ndarray, b: np.ndarray, text_a: list, text_b: list, spec: ShingleSpec,
+                       threshold: Optional[float]) -> pd.DataFrame:
+    """(a, b, similarity) with the true shingle-set Jaccard; pairs below `threshold` dropped."""
+    sims = [exact_jaccard(pa.array(text_a[i:i + VERIFY_PAIRS], pa.string()), pa.array(text_b[i:i + VERIFY_PAIRS], pa.string()), spec)
+            for i in range(0, len(a), VERIFY_PAIRS)]
+    sim = np.concatenate(sims) if sims else np.zeros(0)
+    out = pd.DataFrame({"a": np.asarray(a, dtype=np.int64), "b": np.asarray(b, dtype=np.int64), "similarity": sim})
+    return out if threshold is None else out[out["similarity"] >= threshold].reset_index(drop=True)
+
+
+def verify_exact_edges(part: pd.DataFrame, spec: ShingleSpec, threshold: Optional[float]) -> pd.DataFrame:
+    """`verify_pairs_exact` of one partition of candidates joined with both texts (text_a, text_b)."""
+    if part.empty:
+        return VERIFIED_META.copy()
+    return verify_pairs_exact(part["a"].to_numpy(), part["b"].to_numpy(), part["text_a"].tolist(),
+                              part["text_b"].tolist(), spec, threshold)
+
+
+def texts_for_uids(path: str, uids_sorted: np.ndarray, normalize: Optional[dict] = None,
+                   rename: Optional[dict] = None) -> pd.DataFrame:
+    """(uid, text) of the documents of one part whose uid is in `uids_sorted`, normalised as
+    `signature_part` normalises them (so verification sees the text the signatures saw)."""
+    table = pq.read_table(path, columns=["uid", "text"])
+    uid = table.column("uid").to_numpy()
+    if len(uids_sorted) and len(uid):
+        pos = np.searchsorted(uids_sorted, uid).clip(max=len(uids_sorted) - 1)
+        table = table.filter(pa.array(uids_sorted[pos] == uid))
+    else:
+        table = table.slice(0, 0)
+    texts = table.column("text").combine_chunks()
+    if normalize is not None:
+        texts = normalize_array(texts, **{**normalize, "fold_whitespace": False})
+    df = pd.DataFrame({"uid": table.column("uid").to_numpy(), "text": texts.to_pylist()})
+    return df.rename(columns=rename) if rename else df
+
+
 CLUSTER_META = pd.DataFrame({
     "uid": pd.Series(dtype="int64"), "id": pd.Series(dtype="string[pyarrow]"),
     "source": pd.Series(dtype="string[pyarrow]"), "duplicate_of": pd.Series(dtype="int64"),

@@ -1,8 +1,9 @@
 """Vectorised shingling for near-duplicate detection, CJK-aware.
 
-A document is split into *components*: words for space-delimited text, characters for CJK text
-(detected per document by its share of CJK characters), after optional lowercasing and punctuation
-removal. A component's hash is xxh3-64 of its UTF-8 bytes (computed once per distinct component in a
+A document is split into *components*: with unit "char", its characters (whitespace dropped, and
+punctuation and symbols when asked), whatever the script; with unit "word", words for space-delimited
+text and characters for CJK text (chosen per document by its share of CJK characters). Lowercasing
+first, when asked. A component's hash is xxh3-64 of its UTF-8 bytes (computed once per distinct component in a
 batch); an n-gram's hash folds its components' hashes polynomially and finishes with the
 MurmurHash3 64-bit finaliser. All of it runs as numpy/Arrow array operations over a whole batch:
 Python-side shingle strings (about 15 MB/s per core) are never built.
@@ -34,6 +35,7 @@ class ShingleSpec:
     lowercase: bool = True
     strip_punctuation: bool = True
     cjk_share: float = 0.3  # a document whose non-space characters are at least this CJK is shingled by character
+    unit: str = "word"  # "word": words, or characters for a CJK document (per document); "char": characters always
 
 
 def fmix64(x: np.ndarray) -> np.ndarray:
@@ -93,7 +95,10 @@ def _is_punct_table() -> np.ndarray:
 
 
 def cjk_mask(texts: pa.Array, spec: ShingleSpec) -> np.ndarray:
-    """Documents at least `cjk_share` CJK (of all their characters) are shingled by character."""
+    """Documents at least `cjk_share` CJK (of all their characters) are shingled by character (every
+    document with unit "char")."""
+    if spec.unit == "char":
+        return np.ones(len(texts), dtype=bool)
     cjk = pc.count_substring_regex(texts, f"[{CJK}]").to_numpy(zero_copy_only=False)
     chars = pc.utf8_length(texts).to_numpy(zero_copy_only=False)
     return cjk >= spec.cjk_share * np.maximum(chars, 1)

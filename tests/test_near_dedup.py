@@ -18,8 +18,8 @@ from simhash import Simhash
 from pipeline.config import parse_config
 from pipeline.runner import Pipeline
 from stages.components import components_distributed, components_in_memory
-from stages.minhash import signatures
-from stages.near_dedup import choose_keepers
+from stages.minhash import candidate_probability, optimal_bands, signatures
+from stages.near_dedup import choose_keepers, exact_jaccard
 from stages.shingles import ShingleSpec, shingle_hash32, shingle_hash64, shingle_hashes, shingle_strings
 from stages.simhash import block_rows, fingerprints, near_edges, popcount64
 from tests.conftest import write_jsonl
@@ -36,7 +36,8 @@ SAMPLES = [
 ]
 
 
-@pytest.mark.parametrize("spec", [ShingleSpec(), ShingleSpec(word_ngram=2, char_ngram=3, lowercase=False, strip_punctuation=False)])
+@pytest.mark.parametrize("spec", [ShingleSpec(), ShingleSpec(word_ngram=2, char_ngram=3, lowercase=False, strip_punctuation=False),
+                                  ShingleSpec(unit="char"), ShingleSpec(unit="char", char_ngram=3, strip_punctuation=False)])
 def test_vectorised_shingles_equal_the_reference(spec):
     hashes, offsets = shingle_hashes(pa.array(SAMPLES), spec)
     for i, text in enumerate(SAMPLES):
@@ -49,15 +50,42 @@ def test_cjk_detected_per_document_and_shingled_by_character():
     assert shingle_strings("one two three", ShingleSpec(word_ngram=2)) == ["one two", "two three"]
 
 
-@pytest.mark.parametrize("num_perm,seed", [(128, 1), (64, 42)])
-def test_minhash_signatures_equal_datasketch(num_perm, seed):
-    hashes, offsets = shingle_hashes(pa.array(SAMPLES))
+def test_char_unit_shingles_every_script_by_character_within_one_document():
+    """unit="char": English, Chinese and the two mixed are all character n-grams, whitespace and punctuation dropped."""
+    spec = ShingleSpec(char_ngram=3, unit="char")
+    assert shingle_strings("Hi, you!", spec) == ["h i y", "i y o", "y o u"]
+    assert shingle_strings("数据 ls -la 清洗", spec)[:3] == ["数 据 l", "据 l s", "l s l"]
+
+
+@pytest.mark.parametrize("num_perm,seed,unit", [(128, 1, "word"), (64, 42, "word"), (128, 1, "char")])
+def test_minhash_signatures_equal_datasketch(num_perm, seed, unit):
+    spec = ShingleSpec(unit=unit)
+    hashes, offsets = shingle_hashes(pa.array(SAMPLES), spec)
     sig = signatures(hashes, offsets, num_perm, seed)
     for i, text in enumerate(SAMPLES):
         m = MinHash(num_perm=num_perm, seed=seed, hashfunc=shingle_hash32)
-        for s in shingle_strings(text):
+        for s in shingle_strings(text, spec):
             m.update(s.encode())
         assert np.array_equal(sig[i], m.hashvalues), text
+
+
+def test_exact_jaccard_equals_the_jaccard_of_the_reference_shingle_sets():
+    rng = random.Random(7)
+    pool = SAMPLES + ["".join(rng.choice("abcde 数据清洗") for _ in range(rng.randrange(0, 60))) for _ in range(40)]
+    a = [rng.choice(pool) for _ in range(60)]
+    b = [x[: len(x) // 2] + rng.choice(pool) if rng.random() < 0.5 else rng.choice(pool) for x in a]
+    spec = ShingleSpec(unit="char")
+    got = exact_jaccard(pa.array(a), pa.array(b), spec)
+    for x, y, j in zip(a, b, got):
+        sx, sy = set(shingle_strings(x, spec)), set(shingle_strings(y, spec))
+        assert j == pytest.approx(len(sx & sy) / len(sx | sy) if sx | sy else 1.0), (x, y)
+
+
+def test_recall_tuned_bands_make_a_pair_at_the_threshold_a_candidate_almost_surely():
+    for t in (0.7, 0.8, 0.9):
+        b, r = optimal_bands(t, 128, verify=True)
+        assert b * r <= 128 and candidate_probability(t, b, r) >= 0.998
+        assert candidate_probability(t, 128 // (r + 1), r + 1) < 0.998  # one more row would miss pairs: fewest candidates
 
 
 def test_simhash_fingerprints_equal_the_simhash_package():
@@ -217,3 +245,52 @@ def test_simhash_method_in_the_dedup_job(near_corpus, dask_client, tmp_path):
     pairs = {tuple(sorted((r.id, r.duplicate_of))) for r in removed.itertuples()}
     assert set(removed["reason"]) <= {"simhash"} and pairs <= {tuple(sorted(p)) for p in truth["planted"]}
     assert len(pairs) >= len(truth["planted"]) // 2
+
+
+def _boundary_corpus(root: Path) -> tuple[set, set]:
+    """English, Chinese and mixed documents, each with one edited copy whose true character 5-gram
+    Jaccard is 0.70-0.90: (pairs at or above 0.8, pairs below)."""
+    rng = random.Random(11)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = ["".join(rng.choice(letters) for _ in range(rng.randrange(3, 9))) for _ in range(3000)]
+    hanzi = [chr(0x4E00 + i) for i in range(3000)]
+    spec = ShingleSpec(unit="char")
+    docs, above, below = [], set(), set()
+    for lang in ("en", "zh", "mixed"):
+        for i in range(40):
+            if lang == "en":
+                toks, sep = [rng.choice(vocab) for _ in range(250)], " "
+            elif lang == "zh":
+                toks, sep = [rng.choice(hanzi) for _ in range(900)], ""
+            else:  # Chinese prose with English terms and commands
+                toks, sep = [rng.choice(hanzi) if rng.random() < 0.7 else f" {rng.choice(vocab)} " for _ in range(700)], ""
+            base = sep.join(toks)
+            lo, hi = (0.8, 0.9) if i % 2 else (0.7, 0.8)  # half the copies just above the threshold, half just below
+            for _ in range(200):  # edits until the copy lands in the band
+                edited = list(toks)
+                for _ in range(rng.randrange(1, 40)):
+                    edited[rng.randrange(len(edited))] = rng.choice(hanzi if lang == "zh" else vocab) if lang != "mixed" else rng.choice(hanzi)
+                copy = sep.join(edited)
+                j = float(exact_jaccard(pa.array([base]), pa.array([copy]), spec)[0])
+                if lo <= j < hi:
+                    break
+            else:
+                continue
+            a, b = f"{lang}{i}", f"{lang}{i}-copy"
+            docs += [{"id": a, "text": base}, {"id": b, "text": copy}]
+            (above if j >= 0.8 else below).add((b, a))
+    rng.shuffle(docs)
+    write_jsonl(root / "docs.jsonl", docs)
+    return above, below
+
+
+def test_threshold_boundary_is_sharp_in_english_chinese_and_mixed_text(dask_client, tmp_path):
+    """Exact verification: every pair at or above 0.8 true character 5-gram Jaccard is removed, none below
+    (an estimate from 128 permutations is about +-0.04 off at 0.8, and would err on both sides)."""
+    above, below = _boundary_corpus(tmp_path / "corpus")
+    for lang in ("en", "zh", "mixed"):  # the corpus really straddles the threshold in every language
+        assert sum(a.startswith(lang) for a, _ in above) >= 5 and sum(a.startswith(lang) for a, _ in below) >= 5
+    _, removed = _dedup(tmp_path / "corpus", tmp_path / "out", dask_client, exact=False)
+    pairs = {tuple(sorted((r.id, r.duplicate_of))) for r in removed.itertuples()}
+    assert pairs == {tuple(sorted(p)) for p in above}
+    assert (removed["similarity"] >= 0.8).all()
