@@ -107,6 +107,15 @@ def follow(client: httpx.Client, job_id: str, until=("succeeded", "failed", "can
     return wait_until(done, timeout, f"job {job_id} to reach {until}", interval=0.5)
 
 
+def still_active(client: httpx.Client, job_id: str) -> dict:
+    """The job's status; AssertionError (with its error) when it already ended, so a wait for something
+    it does while it runs fails at once instead of at the deadline."""
+    status = client.get(f"/v1/jobs/{job_id}").json()
+    if status["state"] not in ("queued", "running"):
+        raise AssertionError(f"job {job_id} ended ({status['state']}) while it was waited on: {status['error']}")
+    return status
+
+
 def service_config(corpus: Path, **over) -> dict:
     """The e2e test config with the corpus named relative to the data root, as an API user would."""
     return e2e_config(corpus, input={"paths": ["corpus"], "part_size_mb": 0.02, "block_size_mb": 0.04}, **over)
@@ -305,7 +314,7 @@ def test_cancel_a_running_and_a_queued_job(server, data_root, reference_job, tmp
         assert r.status_code == 202 and r.json()["state"] == "cancelled"
 
         def training():
-            s = c.get(f"/v1/jobs/{running}").json()
+            s = still_active(c, running)
             return s["state"] == "running" and s["train"] and s["train"].get("step", 0) >= 2
 
         wait_until(training, JOB_S, "the job to be training")
@@ -351,7 +360,8 @@ def test_service_killed_mid_job_resumes_it_to_the_same_shards(data_root, referen
         with srv.client() as c:
             created = c.post("/v1/jobs", json={"kind": "run", "config": cfg, "out": "killed-run"}).json()
             out = Path(created["out"])
-            wait_until(lambda: (out / "02-filter" / "_DONE.json").is_file(), JOB_S, "the filter stage to finish")
+            wait_until(lambda: still_active(c, created["id"]) and (out / "02-filter" / "_DONE.json").is_file(), JOB_S,
+                       "the filter stage to finish")
         job_pid = json.loads((out / "progress.json").read_text())["pid"]
         srv.proc.send_signal(signal.SIGKILL)
         srv.proc.wait()

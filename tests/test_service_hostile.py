@@ -252,7 +252,7 @@ def test_links_planted_while_a_run_job_works_are_replaced_not_written_through(se
     """Links to files outside the roots put into a running job's directory (after its first stage): the
     job writes its report and ledger by replacing the names (atomic rename), so the outside files are
     untouched and the run directory ends up holding regular files."""
-    from tests.test_service import JOB_S, service_config, wait_until
+    from tests.test_service import JOB_S, service_config, still_active, wait_until
 
     outside = base / "outside" / "mid-run"
     outside.mkdir()
@@ -263,7 +263,8 @@ def test_links_planted_while_a_run_job_works_are_replaced_not_written_through(se
         r = c.post("/v1/jobs", json={"kind": "run", "config": service_config(base / "data" / "corpus"), "out": "mid-run"})
         assert r.status_code == 201, r.text
         out = Path(r.json()["out"])
-        wait_until(lambda: (out / "00-read" / "_DONE.json").is_file(), JOB_S, "the read stage to finish")
+        wait_until(lambda: still_active(c, r.json()["id"]) and (out / "00-read" / "_DONE.json").is_file(), JOB_S,
+                   "the read stage to finish")
         for name in names:
             (out / name).symlink_to(outside / name)
         final = follow(c, r.json()["id"])
