@@ -3,14 +3,16 @@
     python bench/dedup_corpus.py CORPUS_DIR OUT_DIR [--docs 100000] [--near 0.06] [--exact 0.01]
 
 CORPUS_DIR is the output of ../shared/data/build_corpus.sh. Real documents are cut at paragraph
-boundaries into pieces of 0.6-8 KB; pieces that are already near each other (true Jaccard >= 0.5 on
-the benchmark's shingles, found with corpusmill itself at a low threshold) are dropped, so the only
-duplicates left are the planted ones. Then copies are planted: near copies edited by word/character
-substitutions, insertions, deletions and added boilerplate, their true Jaccard to the source
-computed exactly from shingle sets, spread over 0.5-1.0; and verbatim exact copies.
+boundaries into pieces of 0.6-8 KB; pieces that are already near each other (true Jaccard >= 0.5,
+found with corpusmill itself at a low threshold) are dropped, so the only duplicates left are the
+planted ones. Then copies are planted: near copies edited by word/character substitutions,
+insertions, deletions and added boilerplate, their true Jaccard to the source computed exactly from
+shingle sets in the space corpusmill's threshold is on (`jaccard`: character 5-grams after dedup's
+normalisation; `jaccard_word5`: word 5-grams, the space of the peers' default shingles), spread
+over roughly 0.5-1.0; and verbatim exact copies.
 
 Writes OUT_DIR/data/*.jsonl ({"id", "text", "source"}) and OUT_DIR/truth.jsonl: one line per planted
-copy {"copy", "source", "jaccard", "kind": near|exact, "lang"}.
+copy {"copy", "source", "jaccard", "jaccard_word5", "kind": near|exact, "lang"}.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from stages.normalize import normalize_array  # noqa: E402
 from stages.shingles import ShingleSpec, shingle_hashes  # noqa: E402
 
 BOILERPLATE_EN = ["Share this article on social media.", "All rights reserved. Terms of use apply.",
@@ -59,8 +62,10 @@ def pieces(corpus: Path, lang: str, rng: random.Random, want: int):
     return out[:want]
 
 
-def shingle_sets(texts: list[str]) -> list[set]:
-    hashes, offsets = shingle_hashes(pa.array(texts), ShingleSpec())
+def shingle_sets(texts: list[str], spec: ShingleSpec = ShingleSpec(unit="char")) -> list[set]:
+    """Shingle sets after the normalisation `corpusmill dedup` applies; by default in the space its
+    threshold is on (character 5-grams of every script)."""
+    hashes, offsets = shingle_hashes(normalize_array(pa.array(texts, pa.string())), spec)
     return [set(hashes[offsets[i]:offsets[i + 1]].tolist()) for i in range(len(texts))]
 
 
@@ -143,9 +148,12 @@ def main() -> int:
         copies.append((f"{doc_id}~near{k}", source, edit(text, lang, strength, rng), doc_id, lang))
     sets_src = shingle_sets([base[i][2] for i in near_src])
     sets_copy = shingle_sets([c[2] for c in copies])
-    for (cid, source, text, sid, lang), a, b in zip(copies, sets_src, sets_copy):
+    word_src = shingle_sets([base[i][2] for i in near_src], ShingleSpec(unit="word"))
+    word_copy = shingle_sets([c[2] for c in copies], ShingleSpec(unit="word"))
+    for (cid, source, text, sid, lang), a, b, wa, wb in zip(copies, sets_src, sets_copy, word_src, word_copy):
         docs.append({"id": cid, "text": text, "source": source})
-        truth.append({"copy": cid, "source": sid, "jaccard": round(jaccard(a, b), 4), "kind": "near", "lang": lang})
+        truth.append({"copy": cid, "source": sid, "jaccard": round(jaccard(a, b), 4), "kind": "near", "lang": lang,
+                      "jaccard_word5": round(jaccard(wa, wb), 4)})
     for k, i in enumerate(chosen[n_near:]):
         doc_id, source, text = base[i]
         docs.append({"id": f"{doc_id}~exact{k}", "text": text, "source": source})

@@ -1,7 +1,8 @@
 """Labelled REAL revision pairs, and corpusmill's near-duplicate recall on them per relation and language.
 
     python bench/revision_pairs.py build OUT [--data ../shared/data] [--debs DIR]
-    python bench/revision_pairs.py measure OUT [--run NAME -- corpusmill dedup options...]
+    python bench/revision_pairs.py measure OUT [--run NAME] [-- corpusmill dedup options...]
+    python bench/revision_pairs.py table OUT
 
 `build` writes OUT/docs/docs.jsonl ({"id","text","source"}) and OUT/pairs.jsonl, one labelled pair a
 line: ids a and b, `relation`, `lang` (en, zh, or mixed for Chinese prose carrying English commands)
@@ -323,6 +324,27 @@ def measure(args) -> int:
     return 0
 
 
+def table(args) -> int:
+    """Every measured run side by side: recall of pairs with J >= 0.8 and merges below 0.5, per relation/language."""
+    runs = [json.loads(x) for x in (args.out / "results.jsonl").read_text(encoding="utf-8").splitlines()]
+    latest = {r["run"]: r for r in runs}
+    names = list(latest)
+    lines = ["| relation / lang | pairs J>=0.8 | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
+    groups = sorted({g for r in latest.values() for g in r["by_group"]})
+    for g in groups:
+        first = next(r["by_group"][g] for r in latest.values() if g in r["by_group"])
+        if not first["pairs_ge_0.8"]:
+            continue
+        cells = [str(latest[n]["by_group"].get(g, {}).get("recall", "-")) for n in names]
+        lines.append(f"| {g} | {first['pairs_ge_0.8']} | " + " | ".join(cells) + " |")
+    for lang in ("en", "zh", "mixed"):
+        lines.append(f"| **all {lang}** | | " + " | ".join(str(latest[n].get(f"recall_{lang}")) for n in names) + " |")
+    n_low = sum(v["pairs_lt_0.5"] for v in next(iter(latest.values()))["by_group"].values())
+    lines.append(f"| false merges (of {n_low} pairs J<0.5) | | " + " | ".join(str(latest[n]["false_merges"]) for n in names) + " |")
+    print("\n".join(lines))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -333,11 +355,13 @@ def main() -> int:
     m = sub.add_parser("measure")
     m.add_argument("out", type=Path)
     m.add_argument("--run", default="default")
+    t = sub.add_parser("table", help="print every measured run side by side")
+    t.add_argument("out", type=Path)
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args = ap.parse_args(argv[:cut])
     args.options = argv[cut + 1:]  # corpusmill dedup options
-    return build(args) if args.cmd == "build" else measure(args)
+    return {"build": build, "measure": measure, "table": table}[args.cmd](args)
 
 
 if __name__ == "__main__":

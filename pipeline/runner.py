@@ -695,6 +695,11 @@ class Pipeline:
             stats["docs_out"] = stats.get("docs_out", 0) + r["stats"]["docs_out"]
         reasons = table.column("reason").to_pandas().value_counts().to_dict() if table is not None else {}
         stats["removed"] = {str(k): int(v) for k, v in reasons.items()}
+        exact_files = sorted(str(p) for p in (self.stage_dir("exact_dedup") / "removed").glob("*.parquet"))
+        if exact_files:  # an exact duplicate of a document removed here names that document's keeper
+            near = (pq.read_table(removed_files, columns=["uid", "duplicate_of", "duplicate_of_id"]).to_pandas()
+                    if removed_files else pd.DataFrame({"uid": [], "duplicate_of": [], "duplicate_of_id": []}))
+            stats["exact_repointed"] = near_dedup.repoint_exact_removed(exact_files, near)
         if table is not None and table.num_rows:
             sizes = table.to_pandas().drop_duplicates("cluster_id")["cluster_size"]
             stats["clusters"] = int(len(sizes))

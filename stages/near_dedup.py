@@ -311,3 +311,24 @@ def signature_lookup(frames: list[pd.DataFrame], column: str) -> tuple[np.ndarra
 
 def lookup(uids_sorted: np.ndarray, values: np.ndarray, want: np.ndarray) -> np.ndarray:
     return values[np.searchsorted(uids_sorted, want)]
+
+
+def repoint_exact_removed(exact_files: list[str], near_removed: pd.DataFrame) -> int:
+    """Make every exact duplicate name a KEPT document: an exact duplicate of a document that near
+    dedup then removed points at that document's near-duplicate keeper instead. The exact match
+    found first stays in `exact_of` / `exact_of_id` (and is what a rerun repoints from, so the
+    result does not depend on an earlier run). Returns how many rows changed their duplicate_of."""
+    keeper = dict(zip(near_removed["uid"].to_numpy().tolist(), zip(near_removed["duplicate_of"].tolist(),
+                                                                    near_removed["duplicate_of_id"].tolist())))
+    changed = 0
+    for path in exact_files:
+        df = pq.read_table(path).to_pandas()
+        if "exact_of" not in df.columns:
+            df["exact_of"], df["exact_of_id"] = df["duplicate_of"], df["duplicate_of_id"]
+        hits = [keeper.get(int(u)) for u in df["exact_of"].to_numpy()]
+        new_uid = np.array([h[0] if h else u for h, u in zip(hits, df["exact_of"].to_numpy())], dtype=np.int64)
+        new_id = [h[1] if h else i for h, i in zip(hits, df["exact_of_id"].tolist())]
+        changed += int((new_uid != df["duplicate_of"].to_numpy()).sum())
+        df["duplicate_of"], df["duplicate_of_id"] = new_uid, pd.array(new_id, dtype=df["exact_of_id"].dtype)
+        write_table_atomic(pa.Table.from_pandas(df, preserve_index=False), Path(path))
+    return changed

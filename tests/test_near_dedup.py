@@ -294,3 +294,22 @@ def test_threshold_boundary_is_sharp_in_english_chinese_and_mixed_text(dask_clie
     pairs = {tuple(sorted((r.id, r.duplicate_of))) for r in removed.itertuples()}
     assert pairs == {tuple(sorted(p)) for p in above}
     assert (removed["similarity"] >= 0.8).all()
+
+
+def test_duplicate_of_always_names_a_kept_document(dask_client, tmp_path):
+    """An exact copy of a document that near dedup then removes must point at the near-duplicate
+    keeper, not at the removed document (issue 20 item 8)."""
+    rng = random.Random(2)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(6)) for _ in range(2000)]
+    base = " ".join(rng.choice(words) for _ in range(300))
+    near = base.replace(base.split(" ")[10], "changed", 1)  # one word edited: Jaccard about 0.98
+    other = " ".join(rng.choice(words) for _ in range(300))
+    # read order gives uids: the near copy first, so it is the near cluster's keeper (lowest uid)
+    write_jsonl(tmp_path / "c" / "docs.jsonl", [{"id": "near", "text": near}, {"id": "base", "text": base},
+                                                {"id": "base-copy", "text": base}, {"id": "other", "text": other}])
+    _, removed = _dedup(tmp_path / "c", tmp_path / "out", dask_client)
+    kept = set(pq.read_table(str(tmp_path / "out" / "kept")).column("id").to_pylist())
+    assert kept == {"near", "other"}
+    assert dict(zip(removed["id"], removed["duplicate_of"])) == {"base": "near", "base-copy": "near"}
+    assert dict(zip(removed["id"], removed["reason"])) == {"base": "minhash", "base-copy": "exact"}
+    assert set(removed["duplicate_of"]) <= kept
