@@ -1,6 +1,6 @@
 """Near-duplicate benchmark: quality per Jaccard band, speed and memory, side by side in one run.
 
-    python bench/dedup_bench.py BENCH_DIR [--tools corpusmill,text-dedup,datatrove] [--anchors DIR]
+    python bench/dedup_bench.py BENCH_DIR [--tools corpusmill,corpusmill-word,text-dedup,datatrove] [--anchors DIR]
 
 BENCH_DIR is made by bench/dedup_corpus.py (data/*.jsonl and truth.jsonl). corpusmill runs
 `corpusmill dedup` (exact + MinHash; then SimHash alone and exact alone for their throughput); the
@@ -73,11 +73,16 @@ def quality(all_ids: list[str], kept: set[str], truth: list[dict], t: float) -> 
     }
 
 
-def run_corpusmill(data: Path, out: Path, methods: str, t: float) -> tuple[dict, set[str]]:
+def run_corpusmill(data: Path, out: Path, methods: str, t: float, unit: str = "char") -> tuple[dict, set[str]]:
     exe = HERE.parent / ".venv" / "bin" / "corpusmill"
     if out.exists():
         shutil.rmtree(out)
-    m = measure([str(exe), "dedup", str(data), "--out", str(out), "--methods", methods, "--threshold", str(t)],
+    extra = []
+    if unit != "char":  # the shingle unit is a config setting (dedup.shingling.unit)
+        cfg = Path(str(out) + ".yaml")
+        cfg.write_text(f"dedup:\n  shingling:\n    unit: {unit}\n")
+        extra = ["--config", str(cfg)]
+    m = measure([str(exe), "dedup", str(data), "--out", str(out), "--methods", methods, "--threshold", str(t), *extra],
                 stdout=open(os.devnull, "w"), stderr=open(str(out) + ".log", "w"))
     kept = set(pq.read_table(str(out / "kept"), columns=["id"]).column("id").to_pylist()) if m["returncode"] == 0 else set()
     return m, kept
@@ -135,6 +140,9 @@ def main() -> int:
         record("corpusmill exact+minhash", *run_corpusmill(data, runs_dir / "cm-minhash", "exact,minhash", args.threshold))
         record("corpusmill simhash", *run_corpusmill(data, runs_dir / "cm-simhash", "simhash", args.threshold))
         record("corpusmill exact", *run_corpusmill(data, runs_dir / "cm-exact", "exact", args.threshold), with_quality=False)
+    if "corpusmill-word" in tools:  # the same with word 5-gram shingles (dedup.shingling.unit: word)
+        record("corpusmill exact+minhash, word shingles",
+               *run_corpusmill(data, runs_dir / "cm-minhash-word", "exact,minhash", args.threshold, unit="word"))
     if "text-dedup" in tools:
         record("text-dedup minhash", *run_text_dedup(data, runs_dir / "text-dedup", args.anchors / "td", args.threshold))
     if "datatrove" in tools:
