@@ -546,14 +546,12 @@ class Pipeline:
                 endpoints = np.unique(ends["u"].unique().compute().to_numpy()).astype(np.int64)
                 ends_future = client.scatter(endpoints, broadcast=True)
                 text_meta = pd.DataFrame({"uid": pd.Series(dtype="int64"), "text": pd.Series(dtype=object)})
-
-                def texts(side: str):
-                    return dd.from_delayed([delayed(near_dedup.texts_for_uids)(p, ends_future, normalize_opts,
-                                                                               {"uid": side, "text": "text_" + side})
-                                            for p in parts], meta=text_meta.rename(columns={"uid": side, "text": "text_" + side}),
-                                           verify_meta=False)
+                # the endpoints' texts are read once (both sides of the merge share these tasks)
+                texts = dd.from_delayed([delayed(near_dedup.texts_for_uids)(p, ends_future, normalize_opts) for p in parts],
+                                        meta=text_meta, verify_meta=False)
                 self.log(f"  near_dedup: verifying {n_cand} candidate pairs by exact Jaccard ({len(endpoints)} documents)")
-                verified = cand.merge(texts("a"), on="a").merge(texts("b"), on="b").map_partitions(
+                verified = cand.merge(texts.rename(columns={"uid": "a", "text": "text_a"}), on="a").merge(
+                    texts.rename(columns={"uid": "b", "text": "text_b"}), on="b").map_partitions(
                     near_dedup.verify_exact_edges, spec.minhash, threshold, meta=near_dedup.VERIFIED_META)
             elif n_cand * (8 * dc.minhash.num_perm + 16) <= budget:
                 # no verification: the signatures' estimate is the similarity reported
