@@ -363,7 +363,10 @@ class ModelConfig(_Section):
 class TrainConfig(_Section):
     enabled: bool = Field(False, description="Train after the shards are written (corpusmill run).")
     steps: int = Field(30, gt=0, le=MAX_STEPS, description="Optimizer steps (at most 10^9).")
-    batch_size: int = Field(8, gt=0, le=MAX_BATCH, description="Samples per micro-batch (at most 1048576).")
+    batch_size: Optional[int] = Field(None, gt=0, le=MAX_BATCH, description="Samples per micro-batch (at most 1048576). "
+                                      "Null: 8 samples per optimizer step, as micro-batches of the largest power of two "
+                                      "whose memory estimate fits the machine's available memory, the rest by gradient "
+                                      "accumulation (train prints the estimate and the choice).")
     lr: float = Field(3e-3, gt=0, le=100, description="Peak learning rate.")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine floor as a fraction of lr.")
     warmup_steps: Optional[int] = Field(None, ge=0, le=MAX_STEPS, description="Null = 2% of steps (at least 1).")

@@ -150,13 +150,50 @@ def check_memory(cfg: Any, available: Optional[int] = None) -> list[Check]:
     need = workers * part * WORKER_BYTES_PER_PARTITION_BYTE
     if not cfg.tokenizer.model:
         need += cfg.tokenizer.train.max_sample_mb * 2**20 * 4  # sentencepiece holds the sample several times over
-    if cfg.train.enabled:
-        m = cfg.train.model
-        need += 4 * cfg.train.batch_size * (cfg.pack.seq_length + 1) * m.hidden_size * m.num_layers * 16
     status = ERROR if need > available else WARNING if need > 0.8 * available else OK
-    return [Check("memory", status, f"about {need / 2**30:.1f} GiB needed (partitions x workers, tokenizer sample, "
-                  f"training batch) of {available / 2**30:.1f} GiB available",
-                  "lower input.part_size_mb or cluster.n_workers, or tokenizer.train.max_sample_mb")]
+    return [Check("memory", status, f"about {need / 2**30:.1f} GiB needed (partitions x workers, tokenizer sample) "
+                  f"of {available / 2**30:.1f} GiB available",
+                  "lower input.part_size_mb or cluster.n_workers, or tokenizer.train.max_sample_mb"),
+            *check_training_memory(cfg, available)]
+
+
+def check_training_memory(cfg: Any, available: int) -> list[Check]:
+    """Training's peak memory from the real shapes (logits batch x seq x vocab and their gradient,
+    activations per layer, parameters, gradients, optimizer moments): an error when training is on
+    and cannot fit, a warning when it is off (a later `corpusmill train` with this config would)."""
+    from trainer.memory import FIT_SHARE, TrainMemoryError, estimate, plan
+
+    t = cfg.train
+    seq = t.model.seq_length or cfg.pack.seq_length
+    vocab = t.model.vocab_size or cfg.tokenizer.train.vocab_size
+    if cfg.tokenizer.model and not t.model.vocab_size:
+        vocab = _tokenizer_vocab(cfg.tokenizer.model) or vocab
+    notes: list[str] = []
+    try:
+        chosen = plan(t, seq, vocab, log=notes.append, available=available)
+    except TrainMemoryError as e:
+        return [Check("training memory", ERROR if t.enabled else WARNING, str(e),
+                      "lower train.batch_size (with train.grad_accumulation), set train.recompute: true, or lower "
+                      "pack.seq_length")]
+    est = estimate(vocab_size=vocab, seq_length=seq, hidden_size=t.model.hidden_size, num_layers=t.model.num_layers,
+                   num_heads=t.model.num_heads, intermediate_size=t.model.intermediate_size,
+                   batch_size=chosen.batch_size, grad_accumulation=chosen.grad_accumulation,
+                   precision=t.precision, recompute=t.recompute)
+    how = "" if t.batch_size else " (batch size chosen for this machine)"
+    status = WARNING if est.total > 0.9 * FIT_SHARE * available else OK
+    return [Check("training memory", status,
+                  f"batch {chosen.batch_size} x {chosen.grad_accumulation} micro-batches{how}, seq {seq}, vocab {vocab:,}: "
+                  f"{est.describe()} of {available / 2**30:.1f} GiB available",
+                  "lower train.batch_size (with train.grad_accumulation), set train.recompute: true, or lower pack.seq_length")]
+
+
+def _tokenizer_vocab(path: str) -> Optional[int]:
+    try:
+        import sentencepiece as spm
+
+        return spm.SentencePieceProcessor(model_file=path).get_piece_size()
+    except Exception:  # noqa: BLE001 - the tokenizer check reports an unreadable model
+        return None
 
 
 def check_disk(cfg: Any, out: Optional[str], disk_usage: Callable[[str], Any] = shutil.disk_usage) -> list[Check]:

@@ -172,6 +172,14 @@ def _diagnose_first_batch(batch: np.ndarray, session: _Session, tcfg: Any, warmu
     return warnings
 
 
+def _fit_memory(shards_dir: str, tcfg: Any, log: Callable[[str], None]) -> Any:
+    """The batch size chosen (when not given) and the memory estimate checked before MindSpore starts."""
+    from .memory import plan
+
+    seq_length, vocab_size = check_model_fits(load_manifest(shards_dir), tcfg.model.seq_length, tcfg.model.vocab_size)
+    return plan(tcfg, seq_length, vocab_size, log)
+
+
 def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] = print, resume: bool = False,
           stop_after: Optional[int] = None, verify: bool = True) -> dict[str, Any]:
     """Train for `tcfg.steps` optimizer steps on rank `tcfg.rank`'s share; with `resume`, continue
@@ -180,6 +188,7 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
     against their manifest first (sizes, sha256, tokenizer, indexes); `verify=False` checks only the
     manifest and that the files are there."""
     check_shards(shards_dir, verify, log)  # before MindSpore: damaged shards are refused in seconds
+    tcfg = _fit_memory(shards_dir, tcfg, log)
     warmup = tcfg.warmup_steps if tcfg.warmup_steps is not None else max(1, round(0.02 * tcfg.steps))
     lrs = lr_schedule(tcfg.steps, tcfg.lr, warmup, tcfg.min_lr_ratio)
     session = _Session(shards_dir, tcfg, lrs, log)
@@ -313,6 +322,7 @@ def lr_find(shards_dir: str, tcfg: Any, steps: int = 60, low: float = 1e-5, high
     steps (no warmup, no decay); the loss is smoothed (EMA 0.8). Reports the largest rate at which
     the smoothed loss still falls steadily (over each of the 3 steps before it) and a rate 25% below."""
     check_shards(shards_dir, verify, log)
+    tcfg = _fit_memory(shards_dir, tcfg, log)
     lrs = (low * (high / low) ** (np.arange(steps) / max(1, steps - 1))).astype(np.float32)
     session = _Session(shards_dir, tcfg, lrs, log)
     raw, smooth, used, avg = [], [], [], None
