@@ -31,7 +31,8 @@ PATH_FIELDS: dict[tuple[str, ...], str] = {
 }
 NOT_PATHS: set[tuple[str, ...]] = {
     ("input", "text_field"), ("input", "id_field"), ("input", "source_field"), ("input", "on_error"),
-    ("dedup", "keep"), ("dedup", "keep_field"), ("dedup", "keep_order"),
+    ("dedup", "keep"), ("dedup", "keep_field"), ("dedup", "keep_order"), ("dedup", "shingling", "unit"),
+    ("dedup", "simhash", "unit"),
     ("tokenizer", "train", "model_type"), ("tokenizer", "train", "user_symbols"),
     ("filter", "scripts", "keep"),
     ("pack", "mode"), ("pack", "remainder"),
