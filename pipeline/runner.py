@@ -540,21 +540,10 @@ class Pipeline:
             cand = cand.persist()
             n_cand = int(cand.map_partitions(len).compute().sum())
             threshold = dc.minhash.threshold if dc.minhash.verify else None
-            if threshold is not None:
-                # exact verification: the true Jaccard of the two shingle sets, from the endpoints' texts only
-                ends = dd.concat([cand[["a"]].rename(columns={"a": "u"}), cand[["b"]].rename(columns={"b": "u"})])
-                endpoints = np.unique(ends["u"].unique().compute().to_numpy()).astype(np.int64)
-                ends_future = client.scatter(endpoints, broadcast=True)
-                text_meta = pd.DataFrame({"uid": pd.Series(dtype="int64"), "text": pd.Series(dtype=object)})
-                # the endpoints' texts are read once (both sides of the merge share these tasks)
-                texts = dd.from_delayed([delayed(near_dedup.texts_for_uids)(p, ends_future, normalize_opts) for p in parts],
-                                        meta=text_meta, verify_meta=False)
-                self.log(f"  near_dedup: verifying {n_cand} candidate pairs by exact Jaccard ({len(endpoints)} documents)")
-                verified = cand.merge(texts.rename(columns={"uid": "a", "text": "text_a"}), on="a").merge(
-                    texts.rename(columns={"uid": "b", "text": "text_b"}), on="b").map_partitions(
-                    near_dedup.verify_exact_edges, spec.minhash, threshold, meta=near_dedup.VERIFIED_META)
-            elif n_cand * (8 * dc.minhash.num_perm + 16) <= budget:
-                # no verification: the signatures' estimate is the similarity reported
+            # first the signatures' estimate; with verification on, only pairs it puts within 5 standard
+            # deviations of the threshold go on to the exact check (a cheap filter that loses no true pair)
+            floor = minhash.estimate_floor(threshold, dc.minhash.num_perm) if threshold is not None else None
+            if n_cand * (8 * dc.minhash.num_perm + 16) <= budget:
                 pairs = cand.compute()
                 endpoints = np.unique(np.concatenate([pairs["a"].to_numpy(), pairs["b"].to_numpy()]))
                 sigs = self._rows_for_uids(sig_paths, endpoints, ["uid", "minhash"], "near_dedup: fetch candidate signatures")
@@ -562,6 +551,8 @@ class Pipeline:
                 sim = minhash.signature_jaccard(near_dedup.lookup(uids, matrix, pairs["a"].to_numpy()),
                                                 near_dedup.lookup(uids, matrix, pairs["b"].to_numpy()))
                 verified = pd.DataFrame({"a": pairs["a"].to_numpy(), "b": pairs["b"].to_numpy(), "similarity": sim})
+                if floor is not None:
+                    verified = verified[verified["similarity"] >= floor]
                 verified = dd.from_pandas(verified.reset_index(drop=True), npartitions=1)
             else:
                 sig_a = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "minhash"],
@@ -569,7 +560,24 @@ class Pipeline:
                 sig_b = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "minhash"],
                                     rename={"uid": "b", "minhash": "sig_b"}, enforce_metadata=False)
                 verified = cand.merge(sig_a, on="a").merge(sig_b, on="b").map_partitions(
-                    near_dedup.verify_minhash_edges, threshold, meta=near_dedup.VERIFIED_META)
+                    near_dedup.verify_minhash_edges, floor, meta=near_dedup.VERIFIED_META).persist()
+            if threshold is not None:
+                # exact verification: the true Jaccard of the two shingle sets, from the endpoints' texts only
+                plausible = verified[["a", "b"]]
+                ends = dd.concat([plausible[["a"]].rename(columns={"a": "u"}), plausible[["b"]].rename(columns={"b": "u"})])
+                endpoints = np.unique(ends["u"].unique().compute().to_numpy()).astype(np.int64)
+                ends_future = client.scatter(endpoints, broadcast=True)
+                text_meta = pd.DataFrame({"uid": pd.Series(dtype="int64"), "text": pd.Series(dtype=object)})
+                # the endpoints' texts are read once (both sides of the merge share these tasks)
+                texts = dd.from_delayed([delayed(near_dedup.texts_for_uids)(p, ends_future, normalize_opts) for p in parts],
+                                        meta=text_meta, verify_meta=False)
+                n_plausible = int(plausible.map_partitions(len).compute().sum())
+                stats["minhash_exact_checks"] = n_plausible
+                self.log(f"  near_dedup: {n_cand} candidate pairs, {n_plausible} within reach of the threshold by "
+                         f"their signatures: verifying those by exact Jaccard ({len(endpoints)} documents)")
+                verified = plausible.merge(texts.rename(columns={"uid": "a", "text": "text_a"}), on="a").merge(
+                    texts.rename(columns={"uid": "b", "text": "text_b"}), on="b").map_partitions(
+                    near_dedup.verify_exact_edges, spec.minhash, threshold, meta=near_dedup.VERIFIED_META)
             stats["minhash_candidates"] = n_cand
             edge_sets.append(verified.assign(method=np.int8(0)))
         if dc.simhash.enabled:

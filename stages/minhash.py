@@ -85,6 +85,14 @@ def optimal_bands(threshold: float, num_perm: int, verify: bool = True) -> tuple
     return best
 
 
+def estimate_floor(threshold: float, num_perm: int, sigmas: float = 5.0) -> float:
+    """Below this estimated Jaccard a candidate cannot plausibly reach `threshold`: the estimate of a pair
+    at the threshold has standard deviation sqrt(t(1-t)/num_perm) (0.035 at 0.8 with 128
+    permutations), and this floor is `sigmas` of them lower (a true pair falls below it with
+    probability < 1e-6 at 5)."""
+    return max(0.0, threshold - sigmas * (threshold * (1.0 - threshold) / num_perm) ** 0.5)
+
+
 def candidate_probability(similarity: float, bands: int, rows: int) -> float:
     """Chance that two documents of this Jaccard share at least one LSH bucket."""
     return 1.0 - (1.0 - similarity ** rows) ** bands
