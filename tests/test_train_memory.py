@@ -29,7 +29,7 @@ def test_recompute_keeps_one_layers_activations_instead_of_all():
     full, recomputed = estimate(**deep, batch_size=2), estimate(**deep, batch_size=2, recompute=True)
     act = next(k for k in full.parts if k.startswith("activations"))
     act_r = next(k for k in recomputed.parts if k.startswith("activations"))
-    assert recomputed.parts[act_r] < full.parts[act] / 10 and recomputed.total < full.total
+    assert recomputed.parts[act_r] < full.parts[act] / 3 and recomputed.total < full.total
 
 
 def test_no_batch_size_given_picks_the_largest_that_fits_and_keeps_eight_samples_per_step():

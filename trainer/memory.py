@@ -23,14 +23,17 @@ from typing import Any, Callable, Optional
 from pipeline.config import ConfigError
 
 GiB = 2 ** 30
-# Fitted to the peak RSS of `train` on MindSpore 2.10 CPU (PyNative), 2 x 64 model, seq 2048, and
-# rounded up: batch 1 vocab 4,000: 1.77 GiB (estimate 1.9); batch 4 vocab 4,000: 5.48 (5.8); batch 1
-# vocab 55,296: 7.91 (8.3); batch 2 vocab 55,296: 14.49 (15.9). tests/test_train_memory.py checks a
-# real run stays below the estimate and above half of it.
+# Fitted to the peak RSS of `train` on MindSpore 2.10 CPU (PyNative), model 2 x 64 unless said, seq
+# 2048, and rounded up (measured GiB, estimate in brackets): batch 1 vocab 4,000: 1.77 (1.89); batch 4
+# vocab 4,000: 5.48 (5.69); batch 8 vocab 4,000: 10.53 (10.77); batch 1 vocab 55,296: 7.91 (8.32); batch 2
+# vocab 55,296: 14.49 (15.85); 8 layers batch 2 vocab 4,000: 3.86 (4.48), with recompute 3.00 (3.14).
+# tests/test_train_memory.py checks a real run stays below the estimate and above half of it.
 LOGIT_COPIES = 16          # fp32 buffers of batch x seq x vocab alive at the peak (forward + gradient)
-SCORE_COPIES = 6           # fp32 buffers of batch x heads x seq x seq per layer (scores, mask add, softmax, grads)
-HIDDEN_COPIES = 40         # buffers of batch x seq x hidden per layer (norms, q/k/v, rotations, residuals)
-INTERMEDIATE_COPIES = 6    # buffers of batch x seq x intermediate per layer (w1, silu, w3, product, grads)
+SCORE_KEPT = 1.5           # fp32 batch x heads x seq x seq buffers each layer keeps for the backward pass
+SCORE_TRANSIENT = 9        # ... alive at once while one layer's attention is differentiated
+RECOMPUTE_EXTRA = 1.5      # ... more when that layer's forward is run again first (recompute)
+HIDDEN_COPIES = 20         # buffers of batch x seq x hidden per layer (norms, q/k/v, rotations, residuals)
+INTERMEDIATE_COPIES = 4    # buffers of batch x seq x intermediate per layer (w1, silu, w3, product)
 GRADIENT_COPIES = 4        # fp32 copies of the parameters in the step: gradients, cast, sum, clipped
 RUNTIME_BYTES = int(0.6 * GiB)  # Python, MindSpore, the dataset pipeline, the kernels' workspace
 FIT_SHARE = 0.85           # of the available memory a run may plan to use (page cache, other processes)
@@ -73,12 +76,13 @@ def estimate(*, vocab_size: int, seq_length: int, hidden_size: int, num_layers: 
     inter = intermediate_of(hidden_size, intermediate_size)
     b, s = batch_size, seq_length
     act_bytes = 2 if precision in ("fp16", "bf16") else 4
-    per_layer = (b * s * (HIDDEN_COPIES * hidden_size + INTERMEDIATE_COPIES * inter) * act_bytes
-                 + SCORE_COPIES * b * num_heads * s * s * 4)
-    if recompute:  # each block's input is kept; one block's activations exist at a time
-        activations = num_layers * b * s * hidden_size * act_bytes + per_layer
+    score = b * num_heads * s * s * 4
+    per_layer = b * s * (HIDDEN_COPIES * hidden_size + INTERMEDIATE_COPIES * inter) * act_bytes + SCORE_KEPT * score
+    if recompute:  # each block's input is kept; one block's activations exist at a time, rebuilt in backward
+        activations = num_layers * b * s * hidden_size * act_bytes + per_layer + (SCORE_TRANSIENT + RECOMPUTE_EXTRA) * score
     else:
-        activations = num_layers * per_layer
+        activations = num_layers * per_layer + SCORE_TRANSIENT * score
+    activations = int(activations)
     params = parameter_count(vocab_size, hidden_size, num_layers, inter)
     parts = {
         "logits and their gradient": LOGIT_COPIES * b * s * vocab_size * 4,
