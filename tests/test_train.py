@@ -164,3 +164,25 @@ def test_recompute_keeps_the_losses_and_a_profiler_window_writes_a_trace(shards,
     assert np.allclose(_losses(tmp_path / "plain"), _losses(tmp_path / "re"), rtol=1e-5)
     assert summary["recompute"] and summary["profile_dir"]
     assert any(p.is_file() for p in (tmp_path / "re" / "profile").rglob("*"))
+
+
+def test_training_replaces_links_planted_in_its_output_folder_and_never_appends_through_one(shards, tmp_path):
+    from trainer.train import train
+
+    shards_dir, cfg = shards
+    outside, out = tmp_path / "outside", tmp_path / "out"
+    outside.mkdir()
+    out.mkdir()
+    (outside / "summary.json").write_text("precious")
+    (out / "summary.json").symlink_to(outside / "summary.json")
+    train(str(shards_dir), str(out), _tcfg(cfg, steps=2, batch_size=2), log=lambda m: None)
+    assert (outside / "summary.json").read_text() == "precious"
+    assert not (out / "summary.json").is_symlink() and json.loads((out / "summary.json").read_text())["steps"] == 2
+
+    (outside / "metrics.jsonl").write_text("precious")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "metrics.jsonl").symlink_to(outside / "metrics.jsonl")
+    with pytest.raises(OSError):  # O_NOFOLLOW: the CLI prints it as one line
+        train(str(shards_dir), str(linked), _tcfg(cfg, steps=2, batch_size=2), log=lambda m: None)
+    assert (outside / "metrics.jsonl").read_text() == "precious"

@@ -10,6 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from stages.base import write_json_atomic
+
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
@@ -24,7 +26,7 @@ def save(optimizer, out: Path, step: int, state: dict[str, Any], keep: int = 2) 
         shutil.rmtree(tmp)
     tmp.mkdir()
     ms.save_checkpoint(optimizer, str(tmp / "train.ckpt"))  # the optimizer holds the model's parameters too
-    (tmp / "state.json").write_text(json.dumps({"step": step, **state}), encoding="utf-8")
+    write_json_atomic(tmp / "state.json", {"step": step, **state}, indent=None)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)

@@ -10,6 +10,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from stages.base import write_json_atomic, write_text_atomic
+
 from . import checkpoint
 from .data import ShardMismatch, check_model_fits, check_shards, load_manifest, rank_dataset, rank_files
 from .precision import DynamicLossScaler, compute_dtype
@@ -213,13 +215,15 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
             next(session.batches)
         kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= start_step] \
             if metrics_path.is_file() else []
-        metrics_path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        write_text_atomic(metrics_path, "".join(line + "\n" for line in kept))
         log(f"train: resumed from {folder} at step {start_step} (batch {state['batches']})")
     tokens_per_step = tcfg.batch_size * tcfg.grad_accumulation * seq_length
     flat_checked = False
     profiler, profile_dir = None, None
     t_start = time.perf_counter()
-    with open(metrics_path, "a", encoding="utf-8") as metrics:
+    # appended to, never through a link planted in the output folder (O_NOFOLLOW: refused instead)
+    metrics_fd = os.open(metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(metrics_fd, "a", encoding="utf-8") as metrics:
         end = tcfg.steps if stop_after is None else min(tcfg.steps, start_step + stop_after)
         for step in range(start_step, end):
             if tcfg.profile_steps and step + 1 == tcfg.profile_steps[0]:
@@ -312,7 +316,7 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
         "model": shape.__dict__,
         "shards": os.path.abspath(shards_dir),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    write_json_atomic(out / "summary.json", summary)
     return summary
 
 
