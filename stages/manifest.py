@@ -244,7 +244,7 @@ def consistency_problems(m: dict[str, Any]) -> list[str]:
         problems.append(f"ranks {ranks} x files_per_rank {fpr} = {ranks * fpr} files, but the manifest lists {len(files)}")
     layout = m.get("layout", "per_rank")
     per_rank: dict[int, list[int]] = {}
-    for i, e in enumerate(files):
+    for e in files:
         rel, rank = e["path"].replace("\\", "/"), e["rank"]
         if layout == "global":
             if rank is not None:

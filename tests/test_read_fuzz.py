@@ -307,7 +307,7 @@ def test_fuzz_every_bad_record_is_quarantined_once_and_damaged_files_keep_their_
     assert {r["file"]: r["code"] for r in lost} == {f: v[0] for f, v in truth.lost.items()}
     docs = _rows(out / "00-read", ["id"])
     ids = [d["id"] for d in docs]
-    for f, (code, prefix, n) in truth.lost.items():
+    for f, (_code, prefix, n) in truth.lost.items():
         row = next(r for r in lost if r["file"] == f)
         if prefix:  # a truncated stream: its first records are read, in order, up to the line named
             head = [i for i in ids if i.startswith(prefix) and i[len(prefix):].isdigit()]
