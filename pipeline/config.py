@@ -213,6 +213,9 @@ class FilterConfig(_Section):
     boilerplate_lines: BoilerplateLinesConfig = Field(default_factory=BoilerplateLinesConfig)
     keep_scores: bool = Field(True, description="Keep every document's scores in 02-filter.scores/ so a changed threshold "
                               "is re-applied on --resume without recomputing them.")
+    audit_text_chars: Optional[int] = Field(
+        2000, ge=0, le=MAX_COUNT, description="Characters of each removed document's text kept in its audit row "
+        "(02-filter/removed/, column text), as it came in; null = the whole text, 0 = none.")
 
 
 class ShinglingConfig(_Section):
@@ -271,6 +274,9 @@ class DedupConfig(_Section):
     components_memory_mb: int = Field(
         512, ge=0, le=MAX_MEMORY_MB, description="Connected components run in memory below this edge-list size, distributed on Dask above."
     )
+    audit_text_chars: Optional[int] = Field(
+        2000, ge=0, le=MAX_COUNT, description="Characters of each removed duplicate's text kept in its audit row "
+        "(the dedup stages' removed/ and `corpusmill dedup`'s removed/, column text); null = the whole text, 0 = none.")
 
     @model_validator(mode="after")
     def _field_policy_names_a_field(self) -> "DedupConfig":

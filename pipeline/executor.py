@@ -153,15 +153,52 @@ def export_kept_part(path: str, out_dir: str, fmt: str, text_field: str, id_fiel
 
 
 REMOVED_EXPORT_COLUMNS = ["uid", "id", "source", "reason", "duplicate_of", "duplicate_of_uid", "cluster_id",
-                          "cluster_size", "similarity"]
+                          "cluster_size", "similarity", "text"]
 
 
-def export_removed_part(path: str, target: str) -> None:
-    """A removed-documents part as the dedup job presents it: `duplicate_of` is the kept document's id."""
+def export_removed_part(path: str, target: str, fmt: str = "parquet") -> int:
+    """A removed-documents part as the dedup job presents it, in the job's format (`target` is
+    written with the suffix .parquet or .jsonl): `duplicate_of` is the kept document's id, `text`
+    the removed document's text (or its excerpt). Returns the rows written."""
+    import json
+
     df = pq.read_table(path).to_pandas()
     out = pd.DataFrame({
         "uid": df["uid"], "id": df["id"], "source": df["source"], "reason": df["reason"],
         "duplicate_of": df["duplicate_of_id"], "duplicate_of_uid": df["duplicate_of"],
         "cluster_id": df["cluster_id"], "cluster_size": df["cluster_size"], "similarity": df["score"],
-    })
-    write_table_atomic(pa.Table.from_pandas(out[REMOVED_EXPORT_COLUMNS], preserve_index=False), Path(target))
+        "text": df["text"] if "text" in df else None,
+    })[REMOVED_EXPORT_COLUMNS]
+    target_path = Path(target).with_suffix("." + fmt)
+    if fmt == "jsonl":
+        rows = out.astype(object).where(out.notna(), None).to_dict("records")
+        write_text_atomic(target_path, "".join(json.dumps({k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()},
+                                                          ensure_ascii=False) + "\n" for r in rows))
+    else:
+        table = pa.Table.from_pandas(out.astype({"text": "string"}), preserve_index=False)
+        write_table_atomic(table, target_path)
+    return len(out)
+
+
+def removed_texts(part: str, uids: np.ndarray, chars: Optional[int]) -> dict[int, Optional[str]]:
+    """{uid: text cut to `chars`} for the documents of one stage part whose uid is in the sorted `uids`."""
+    from stages.base import excerpt
+
+    found = read_table(part, ["uid"]).column("uid").to_numpy()
+    if not len(uids) or not len(found):
+        return {}
+    pos = np.minimum(np.searchsorted(uids, found), len(uids) - 1)
+    hit = np.flatnonzero(uids[pos] == found)
+    if not len(hit):
+        return {}
+    texts = read_table(part, ["text"]).column("text").take(pa.array(hit.astype(np.int64))).to_pylist()
+    return dict(zip(found[hit].tolist(), excerpt(texts, chars)))
+
+
+def attach_removed_text(path: str, texts: dict[int, Optional[str]]) -> None:
+    """Rewrite one removed/ part with a `text` column (replacing an older one)."""
+    table = pq.read_table(path)
+    if "text" in table.column_names:
+        table = table.drop(["text"])
+    column = pa.array([texts.get(u) for u in table.column("uid").to_pylist()], pa.string())
+    write_table_atomic(table.append_column("text", column), Path(path))

@@ -102,6 +102,17 @@ def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: 
                   f"source to be removed; {flt.get('lines_removed', 0):,} line occurrences removed in all."
                   + (" Scores were reused from an earlier run (only the thresholds changed)." if flt.get("scores_reused") else ""),
                   ""]
+        top_lines = bl.get("top") or []
+        if top_lines:
+            lines += [f"Most frequent removed boilerplate lines ({len(top_lines)} of {bl.get('distinct_lines', 0):,}; all "
+                      "hashes in `02-filter.scores/boilerplate_lines.parquet`):", "",
+                      "| documents containing it | source | line |", "|---:|---|---|"]
+            for t in top_lines:
+                text = t.get("line")
+                shown = _md_escape(text[:160] + ("…" if len(text) > 160 else "")) if text is not None else \
+                    f"(hash {t['hash']}; its text was not met when stripping)"
+                lines.append(f"| {t['docs']:,} | {_md_escape(t['source'])} | {shown} |")
+            lines.append("")
 
     q = extra.get("read", {}).get("quarantine_examples") or []
     if q:

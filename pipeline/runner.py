@@ -36,8 +36,8 @@ from stages.base import merge_stats, write_json_atomic, write_table_atomic, writ
 from . import __version__
 from .config import Config
 from .engine import dask_client, progress_listener, run_tasks
-from .executor import (export_kept_part, export_removed_part, kept_field_kinds, kept_field_types, run_batch_part,
-                       sample_part)
+from .executor import (attach_removed_text, export_kept_part, export_removed_part, kept_field_kinds, kept_field_types,
+                       removed_texts, run_batch_part, sample_part)
 from .ledger import build_ledger, project_full_run
 from .progress import RunProgress
 from .report import write_report
@@ -359,18 +359,36 @@ class Pipeline:
         cfg = self.cfg
         if cfg.dedup.exact:
             h = cfg.section_hash("dedup", extra=[h, "exact", normalize_opts])
-            self._stage("exact_dedup", h, self._skip_if_empty(last, lambda d: self._exact_dedup(d, last, normalize_opts)),
-                        _docs_summary)
+            self._stage("exact_dedup", h, self._skip_if_empty(last, lambda d: self._with_removed_text(
+                d, last, self._exact_dedup(d, last, normalize_opts))), _docs_summary)
             self.doc_stages.append("exact_dedup")
             last = "exact_dedup"
         if cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled:
             h = cfg.section_hash("dedup", extra=[h, "near", normalize_opts])
             source = last
-            self._stage("near_dedup", h, self._skip_if_empty(source, lambda d: self._near_dedup(d, source, normalize_opts)),
-                        _docs_summary)
+            self._stage("near_dedup", h, self._skip_if_empty(source, lambda d: self._with_removed_text(
+                d, source, self._near_dedup(d, source, normalize_opts))), _docs_summary)
             self.doc_stages.append("near_dedup")
             last = "near_dedup"
         return last, h
+
+    def _with_removed_text(self, folder: Path, source_stage: str, stats: dict) -> dict:
+        """Each removed duplicate's audit row (FOLDER/removed/) gets its text, cut to
+        dedup.audit_text_chars, read from the stage's input parts, so checking what was removed
+        needs no join by id."""
+        chars = self.cfg.dedup.audit_text_chars
+        files = sorted(str(p) for p in (folder / "removed").glob("*.parquet"))
+        if chars == 0 or not files:
+            return stats
+        uids = np.unique(pq.read_table(files, columns=["uid"]).column("uid").to_numpy())
+        wanted = self.client.scatter(uids, broadcast=True, hash=False)  # a key of its own: never shared, never released early
+        texts: dict = {}
+        for found in run_tasks(self.client, [delayed(removed_texts)(p, wanted, chars) for p in self.parts(source_stage)],
+                               f"{folder.name}: removed texts"):
+            texts.update(found)
+        for f in files:
+            attach_removed_text(f, texts)
+        return stats
 
     # ---- stage bodies -------------------------------------------------------------------
     def _read(self, folder: Path, files: list[str]) -> dict:
@@ -428,6 +446,8 @@ class Pipeline:
         for p in parts:
             kwargs = {"rules": rules, "drop_lines": drop_future, "keep_scripts": fc.scripts.keep,
                       "min_script_share": fc.scripts.min_share, "score_options": score_options,
+                      "audit_text_chars": fc.audit_text_chars,
+                      "name_lines": sorted({t["hash"] for t in line_stats.get("top", [])}),
                       "scores_path": str(cache / Path(p).name) if fc.keep_scores else None, "reuse_scores": reuse}
             tasks.append(delayed(run_batch_part)(filters.filter_batch, p, str(folder), "pandas", kwargs))
         results = run_tasks(self.client, tasks, "02-filter: " + ("decide (scores reused)" if reuse else "score + decide"))
@@ -437,6 +457,9 @@ class Pipeline:
         if fc.keep_scores and not reuse:
             write_json_atomic(marker, {"scoring_hash": scoring_hash, "finished_utc": _utc_now()})
         stats["scores_reused"] = bool(reuse)
+        texts = stats.pop("boilerplate_line_texts", {})
+        for t in line_stats.get("top", []):  # the most frequent removed lines, as text, for the report
+            t["line"] = texts.get(str(t["hash"]))
         stats["boilerplate_lines"] = line_stats
         self.extra["filter"] = {
             "examples": _removed_examples(folder / "removed", self.stage_dir("normalize")),
@@ -470,8 +493,11 @@ class Pipeline:
             write_table_atomic(pa.Table.from_pandas(chosen.reset_index(drop=True), preserve_index=False), path)
         chosen = pq.read_table(path).to_pandas()
         drop = {str(s): set(g["hash"].tolist()) for s, g in chosen.groupby("source")}
+        top = chosen.sort_values(["docs", "source", "hash"], ascending=[False, True, True]).head(TOP_BOILERPLATE_LINES)
         stats = {"enabled": True, "distinct_lines": int(len(chosen)),
-                 "by_source": {s: len(v) for s, v in sorted(drop.items(), key=lambda kv: -len(kv[1]))[:20]}}
+                 "by_source": {s: len(v) for s, v in sorted(drop.items(), key=lambda kv: -len(kv[1]))[:20]},
+                 "top": [{"source": str(s), "hash": int(h), "docs": int(d)}
+                         for s, h, d in zip(top["source"], top["hash"], top["docs"])]}
         self.log(f"  filter: {len(chosen)} boilerplate lines in {len(drop)} sources")
         return drop, stats
 
@@ -744,7 +770,7 @@ class Pipeline:
         n = 0
         for stage in ("exact_dedup", "near_dedup"):
             for f in sorted((self.stage_dir(stage) / "removed").glob("*.parquet")):
-                export_removed_part(str(f), str(removed_dir / f"{stage}-{n:05d}.parquet"))
+                export_removed_part(str(f), str(removed_dir / f"{stage}-{n:05d}.{fmt}"), fmt)
                 n += 1
         if not parts:  # one empty file with the columns, so readers of kept/ get an empty table, not an error
             names = [n for n in (ic.id_field, ic.text_field, ic.source_field) if n]
@@ -955,6 +981,9 @@ class _ProgressNote:
         if exc[0] is None:
             self.log(f"  {self.label}: done in {time.perf_counter() - self.started:.1f}s")
         return False
+
+
+TOP_BOILERPLATE_LINES = 20  # the most frequent removed boilerplate lines the report lists, with their text
 
 
 def _removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3) -> dict:

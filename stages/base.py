@@ -40,6 +40,7 @@ REMOVED_SCHEMA = pa.schema(
         ("duplicate_of_id", pa.string()),
         ("cluster_size", pa.int64()),
         ("cluster_id", pa.int64()),
+        ("text", pa.string()),  # the removed document's text, or its first N characters (audit_text_chars)
     ]
 )
 
@@ -65,8 +66,17 @@ class BatchResult:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def removed_frame(rows: pd.DataFrame, reason: Any, score: Any = None, threshold: Any = None, **extra: Any) -> pd.DataFrame:
-    """Build a removed-documents frame in REMOVED_SCHEMA from the rows of a document frame."""
+def excerpt(texts: Any, chars: Optional[int]) -> list:
+    """Texts cut to their first `chars` characters (None: whole; 0: none), for audit rows."""
+    if chars == 0:
+        return [None] * len(texts)
+    return [None if t is None or t is pd.NA else (t if chars is None else t[:chars]) for t in list(texts)]
+
+
+def removed_frame(rows: pd.DataFrame, reason: Any, score: Any = None, threshold: Any = None,
+                  text_chars: Optional[int] = None, **extra: Any) -> pd.DataFrame:
+    """Build a removed-documents frame in REMOVED_SCHEMA from the rows of a document frame, with
+    the removed text (its first `text_chars` characters) so an audit needs no join by id."""
     out = pd.DataFrame(
         {
             "uid": rows["uid"].to_numpy(dtype="int64"),
@@ -79,6 +89,7 @@ def removed_frame(rows: pd.DataFrame, reason: Any, score: Any = None, threshold:
         out[name] = value.to_numpy() if isinstance(value, pd.Series) else value
     for name in ("duplicate_of", "duplicate_of_id", "cluster_size", "cluster_id"):
         out[name] = extra.get(name)
+    out["text"] = excerpt(rows["text"].tolist(), text_chars) if "text" in rows else None
     return out
 
 

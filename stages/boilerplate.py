@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -100,11 +101,14 @@ def count_lines_part(path: str, min_width: int) -> pd.DataFrame:
     })
 
 
-def strip_lines(texts: list[str], sources: list[str], drop: dict[str, set[int]]) -> tuple[list[str], np.ndarray]:
+def strip_lines(texts: list[str], sources: list[str], drop: dict[str, set[int]],
+                named: Optional[dict[int, Optional[str]]] = None) -> tuple[list[str], np.ndarray]:
     """Remove the lines listed for each document's source; returns the texts and the lines removed
     from each document. Lines are split and hashed as Arrow arrays (distinct lines only); Python
     only rejoins the documents that lose a line. A document that would lose every line is left
-    whole: all of it recurs elsewhere, which is for dedup to judge, not boilerplate to strip."""
+    whole: all of it recurs elsewhere, which is for dedup to judge, not boilerplate to strip.
+    `named` ({hash: None}) is filled with the text of those removed lines met here, so a report
+    can show the lines, not only their hashes."""
     removed = np.zeros(len(texts), dtype=np.int64)
     wanted = [i for i, s in enumerate(sources) if drop.get(s)]
     if not wanted:
@@ -121,6 +125,11 @@ def strip_lines(texts: list[str], sources: list[str], drop: dict[str, set[int]])
     lines_per_doc = lines.nonempty_per_doc
     hits_per_doc = np.bincount(lines.doc[hit], minlength=len(wanted))
     strip = (hits_per_doc > 0) & (lines_per_doc >= MIN_DOC_LINES) & (hits_per_doc < lines_per_doc)
+    if named and hit.any():
+        idx = np.flatnonzero(hit & np.isin(hashes, np.fromiter(named, dtype=np.int64)))
+        _, first = np.unique(hashes[idx], return_index=True)
+        for k in idx[first].tolist():
+            named[int(hashes[k])] = lines.flat[k].as_py()
     out = list(texts)
     starts = np.concatenate([[0], np.cumsum(lines.per_doc)])
     for j in np.flatnonzero(strip):

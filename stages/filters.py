@@ -20,13 +20,16 @@ from .quality import decide, score_texts
 
 def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = None, scores_path: Optional[str] = None,
                  reuse_scores: bool = False, keep_scripts: Optional[list[str]] = None, min_script_share: float = 0.0,
-                 score_options: Optional[dict] = None) -> BatchResult:
+                 score_options: Optional[dict] = None, audit_text_chars: Optional[int] = 2000,
+                 name_lines: Optional[list[int]] = None) -> BatchResult:
     """Clean, score (or load the scores of) and decide one partition; the first failing rule is
-    each removed document's reason, with its score and threshold."""
+    each removed document's reason, with its score, threshold and text (its first
+    `audit_text_chars` characters, as it came in)."""
     texts, sources = df["text"].tolist(), df["source"].fillna("").tolist()
     lines_removed = np.zeros(len(df), dtype=np.int64)
+    named: dict[int, Optional[str]] = dict.fromkeys(name_lines or [])
     if drop_lines:
-        texts, lines_removed = strip_lines(texts, sources, drop_lines)
+        texts, lines_removed = strip_lines(texts, sources, drop_lines, named)
     if reuse_scores and scores_path and os.path.isfile(scores_path):
         scores = pq.read_table(scores_path).to_pandas()
         if len(scores) != len(df) or not np.array_equal(scores["uid"].to_numpy(), df["uid"].to_numpy(dtype="int64")):
@@ -43,7 +46,8 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
     out = df.copy()
     if lines_removed.any():
         out["text"] = pd.arrays.ArrowExtensionArray(pa.array(texts, pa.string()))
-    removed_out = removed_frame(df[drop], pd.Series(reason[drop]), pd.Series(score[drop]), pd.Series(threshold[drop]))
+    removed_out = removed_frame(df[drop], pd.Series(reason[drop]), pd.Series(score[drop]), pd.Series(threshold[drop]),
+                                text_chars=audit_text_chars)
     counts = pd.Series(reason[drop]).value_counts().to_dict() if drop.any() else {}
     lang = scores["lang"].to_numpy()
     src = np.asarray(sources, dtype=object)
@@ -59,6 +63,8 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
         "by_lang": {lg: {"in": int((lang == lg).sum()), "out": int(((lang == lg) & ~drop).sum())} for lg in np.unique(lang)},
         "removed_by_lang": {lg: _counts(reason[drop & (lang == lg)]) for lg in np.unique(lang)},
         "removed_by_source": {s: _counts(reason[drop & (src == s)]) for s in np.unique(src[drop])} if drop.any() else {},
+        # the text of the most frequent boilerplate lines met in this part (merged: any part's copy)
+        "boilerplate_line_texts": {str(h): t for h, t in named.items() if t is not None},
     }
     return BatchResult(kept=out[~drop].reset_index(drop=True), removed=removed_out, stats=stats)
 

@@ -1,0 +1,99 @@
+"""Audit rows carry the removed text; `dedup --format jsonl` writes removed/ as JSONL; the report names
+the most frequent removed boilerplate lines (real Dask, real stages)."""
+import json
+import random
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.runner import Pipeline
+from tests.conftest import LENGTH_ONLY_FILTER, write_jsonl
+
+BANNER = "This page is part of the Example Wiki | licensed CC BY-SA"
+NAV = "Home > Articles > Archive > Printable version"
+
+
+def _corpus(root: Path) -> dict[str, str]:
+    """Wiki pages with two recurring lines, short junk, exact and near duplicates."""
+    rng = random.Random(3)
+    words = "river stone bread garden winter music paper signal memory letter number light".split()
+    docs = []
+    for i in range(60):
+        body = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(4))
+        docs.append({"id": f"w{i}", "text": f"{BANNER}\n{body}\n{NAV}", "source": "wiki"})
+    docs += [{"id": f"short{i}", "text": f"tiny {i}", "source": "junk"} for i in range(3)]
+    long_doc = " ".join(rng.choice(words) for _ in range(400))
+    docs.append({"id": "long", "text": long_doc, "source": "books"})
+    docs.append({"id": "long-copy", "text": long_doc, "source": "books"})  # exact duplicate
+    near = long_doc.split()
+    near[200] = "zebra"
+    docs.append({"id": "long-near", "text": " ".join(near), "source": "books"})  # near duplicate
+    write_jsonl(root / "in.jsonl", docs)
+    return {d["id"]: d["text"] for d in docs}
+
+
+def _rows(folder: Path) -> pd.DataFrame:
+    files = sorted(folder.glob("*.parquet"))
+    return pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True) if files else pd.DataFrame()
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory, dask_client):
+    root = tmp_path_factory.mktemp("audit")
+    texts = _corpus(root / "corpus")
+    cfg = parse_config({
+        "input": {"paths": [str(root / "corpus")]},
+        "filter": {"length": {"min_chars": 20}, **LENGTH_ONLY_FILTER, "audit_text_chars": 40,
+                   "boilerplate_lines": {"min_docs": 5, "min_doc_share": 0.5}},
+        "dedup": {"audit_text_chars": 100, "minhash": {"threshold": 0.7}},
+        "tokenizer": {"train": {"vocab_size": 300}}, "pack": {"seq_length": 32}, "shard": {"ranks": 1},
+    })
+    Pipeline(cfg, root / "out", client=dask_client, log=lambda m: None).run()
+    return root / "out", texts
+
+
+def test_filter_audit_rows_hold_the_removed_text_cut_to_audit_text_chars(audited):
+    out, texts = audited
+    removed = _rows(out / "02-filter" / "removed")
+    assert set(removed["id"]) == {"short0", "short1", "short2"}
+    assert all(row.text == texts[row.id][:40] for row in removed.itertuples())
+
+
+def test_dedup_audit_rows_hold_the_duplicates_text(audited):
+    """Exact and near duplicates' rows carry their own text (first 100 characters), read from the
+    stage's input, so what was removed can be read without joining stage folders."""
+    out, texts = audited
+    exact = _rows(out / "03-exact_dedup" / "removed")
+    near = _rows(out / "04-near_dedup" / "removed")
+    assert list(exact["id"]) == ["long-copy"] and list(near["id"]) == ["long-near"]
+    for rows in (exact, near):
+        assert all(row.text == texts[row.id][:100] and len(row.text) == 100 for row in rows.itertuples())
+
+
+def test_report_lists_the_most_frequent_removed_boilerplate_lines_with_counts(audited):
+    out, _ = audited
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "Most frequent removed boilerplate lines" in report
+    banner = BANNER.replace("|", "\\|")
+    assert f"| 60 | wiki | {banner} |" in report and f"| 60 | wiki | {NAV} |" in report
+    kept = _rows(out / "02-filter")
+    assert not kept["text"].str.contains("Example Wiki").any()  # and the lines were removed
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_dedup_export_writes_removed_in_the_requested_format_with_text(tmp_path, dask_client, fmt):
+    texts = _corpus(tmp_path / "corpus")
+    cfg = parse_config({"input": {"paths": [str(tmp_path / "corpus")]}, "dedup": {"minhash": {"threshold": 0.7}}})
+    Pipeline(cfg, tmp_path / "out", client=dask_client, log=lambda m: None, job="dedup", export_format=fmt).run()
+    files = sorted((tmp_path / "out" / "removed").iterdir())
+    assert files and all(f.suffix == "." + fmt for f in files)
+    if fmt == "jsonl":
+        rows = [json.loads(line) for f in files for line in f.read_text(encoding="utf-8").splitlines()]
+    else:
+        rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+    assert {r["id"] for r in rows} == {"long-copy", "long-near"}
+    for r in rows:
+        assert r["text"] == texts[r["id"]][:2000] and r["duplicate_of"] == "long"
