@@ -9,6 +9,7 @@ import contextvars
 import logging
 import os
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
@@ -66,35 +67,121 @@ def dask_client(cluster_cfg: Any, client: Optional[Client] = None, log: Log = pr
         cluster.close()
 
 
-class Progress:
-    """One self-rewriting line on a terminal, a line per 10% otherwise."""
+HEARTBEAT_S = 30.0  # a line at least this often on a non-terminal while a step runs, even with no task done
 
-    def __init__(self, label: str, total: int, stream=None):
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class Progress:
+    """A step's progress: tasks done of total, elapsed, rate and ETA. On a terminal one self-rewriting
+    line with a bar (redrawn each second, so elapsed and ETA move while a long task runs); otherwise
+    a line per 10% and at least every `heartbeat_s` seconds, so a log never goes quiet for minutes."""
+
+    def __init__(self, label: str, total: int, stream=None, heartbeat_s: Optional[float] = None):
         self.label, self.total = label, total
         self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
         self.start = time.perf_counter()
         self.done = 0
         self._last_decile = -1
+        self._last_line = self.start
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
         self._listener = progress_listener.get()
         if self._listener is not None:
             self._listener(label, 0, total)
+        self._thread = threading.Thread(target=self._beat, name=f"progress {label}", daemon=True)
+        self._thread.start()
+
+    def line(self, now: Optional[float] = None) -> str:
+        """`label: done/total tasks (pct), elapsed, rate, ETA` (the ETA from the rate so far)."""
+        elapsed = (now or time.perf_counter()) - self.start
+        pct = 100 * self.done // max(1, self.total)
+        text = f"  {self.label}: {self.done}/{self.total} tasks ({pct}%), {_duration(elapsed)}"
+        if self.done and elapsed > 0:
+            rate = self.done / elapsed
+            text += f", {rate:,.2f} tasks/s" if rate >= 0.1 else f", {elapsed / self.done:.0f} s/task"
+            if self.done < self.total:
+                text += f", ETA {_duration((self.total - self.done) / rate)}"
+        elif self.done < self.total:
+            text += ", ETA after the first task"
+        if self.tty:
+            width = 20
+            filled = width * self.done // max(1, self.total)
+            text = f"  [{'#' * filled}{'.' * (width - filled)}]" + text[1:]
+        return text
+
+    def _emit(self, final: bool = False) -> None:
+        now = time.perf_counter()
+        if self.tty:
+            self.stream.write("\r" + self.line(now) + ("\n" if final else ""))
+        else:
+            self.stream.write(self.line(now) + "\n")
+        self.stream.flush()
+        self._last_line = now
 
     def update(self, n: int = 1) -> None:
-        self.done += n
-        if self._listener is not None:
-            self._listener(self.label, self.done, self.total)
-        elapsed = time.perf_counter() - self.start
-        line = f"  {self.label}: {self.done}/{self.total} tasks, {elapsed:.1f}s"
-        if self.tty:
-            self.stream.write("\r" + line + ("\n" if self.done >= self.total else ""))
-            self.stream.flush()
-        else:
-            decile = (10 * self.done) // max(1, self.total)
-            if decile != self._last_decile and (decile % 5 == 0 or self.total >= 20):
-                self._last_decile = decile
-                self.stream.write(line + "\n")
-                self.stream.flush()
+        with self._lock:
+            self.done += n
+            if self._listener is not None:
+                self._listener(self.label, self.done, self.total)
+            finished = self.done >= self.total
+            if self.tty:
+                self._emit(final=finished)
+            else:
+                decile = (10 * self.done) // max(1, self.total)
+                due = time.perf_counter() - self._last_line >= self.heartbeat_s
+                if due or finished or (decile != self._last_decile and (decile % 5 == 0 or self.total >= 20)):
+                    self._last_decile = decile
+                    self._emit()
+        if finished:
+            self.close()
+
+    def _beat(self) -> None:
+        interval = 1.0 if self.tty else max(0.05, min(5.0, self.heartbeat_s / 4))
+        while not self._stop.wait(interval):
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                if self.tty or time.perf_counter() - self._last_line >= self.heartbeat_s:
+                    self._emit()
+
+    def close(self) -> None:
+        """Stop the heartbeat (a finished or failed step)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
+class Heartbeat:
+    """For a blocking step with no task count (a Dask shuffle, a groupby): a line at least every
+    `heartbeat_s` seconds saying it is still running and for how long."""
+
+    def __init__(self, label: str, log: Optional[Callable[[str], None]] = None, heartbeat_s: Optional[float] = None):
+        self.label, self.heartbeat_s = label, HEARTBEAT_S if heartbeat_s is None else heartbeat_s
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    def __enter__(self) -> "Heartbeat":
+        self.start = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat {self.label}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            self.log(f"  {self.label}: still running, {_duration(time.perf_counter() - self.start)}")
+
+    def __exit__(self, *exc) -> bool:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return False
 
 
 def run_tasks(client: Client, tasks: list, label: str) -> list:
@@ -112,4 +199,6 @@ def run_tasks(client: Client, tasks: list, label: str) -> list:
     except BaseException:
         client.cancel(futures)
         raise
+    finally:
+        progress.close()
     return results

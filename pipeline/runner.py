@@ -35,7 +35,7 @@ from stages.base import merge_stats, write_json_atomic, write_table_atomic, writ
 
 from . import __version__
 from .config import Config
-from .engine import dask_client, progress_listener, run_tasks
+from .engine import Heartbeat, dask_client, progress_listener, run_tasks
 from .executor import (attach_removed_text, export_kept_part, export_removed_part, kept_field_kinds, kept_field_types,
                        removed_texts, run_batch_part, sample_part)
 from .ledger import build_ledger, project_full_run
@@ -512,8 +512,8 @@ class Pipeline:
         )
         removed_dir = folder / "removed"
         dups = exact_dedup.find_exact_duplicates(hashes)
-        self.log("  exact_dedup: grouping hashes across partitions (Dask shuffle)")
-        dups.to_parquet(str(removed_dir), write_index=False, compute=False).compute()
+        with _ProgressNote(self.log, "exact_dedup: grouping hashes across partitions (Dask shuffle)"):
+            dups.to_parquet(str(removed_dir), write_index=False, compute=False).compute()
         removed = pq.read_table(str(removed_dir), columns=["uid"]) if any(removed_dir.glob("*.parquet")) else None
         drop = np.sort(removed.column("uid").to_numpy()) if removed is not None else np.empty(0, np.int64)
         drop_future = self.client.scatter(drop, broadcast=True)
@@ -975,9 +975,11 @@ class _ProgressNote:
     def __enter__(self):
         self.started = time.perf_counter()
         self.log(f"  {self.label} ...")
+        self.heartbeat = Heartbeat(self.label, self.log).__enter__()  # a line every 30 s while it runs
         return self
 
     def __exit__(self, *exc):
+        self.heartbeat.__exit__(*exc)
         if exc[0] is None:
             self.log(f"  {self.label}: done in {time.perf_counter() - self.started:.1f}s")
         return False
