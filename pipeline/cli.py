@@ -83,7 +83,7 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="output directory (default: the shards directory's sibling train/)")
     train.add_argument("--config", help="YAML config whose train: section sets the model and optimiser")
     train.add_argument("--rank", type=int, help="which rank's files to read (default 0)")
-    train.add_argument("--batch-size", type=int, help="samples per step (default 8)")
+    train.add_argument("--batch-size", type=int, help="samples per micro-batch (default: 8 samples per step, as the largest micro-batch that fits the available memory with gradient accumulation for the rest)")
     train.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
     train.add_argument("--num-parallel-workers", help="MindDataset reader threads (at most the CPU count), or auto")
     train.add_argument("--grad-accumulation", type=int, help="micro-batches per optimizer step (default 1)")
