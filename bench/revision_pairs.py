@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import html
 import itertools
 import json
-import os
 import re
 import shutil
 import subprocess
