@@ -106,12 +106,12 @@ def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: 
         if top_lines:
             lines += [f"Most frequent removed boilerplate lines ({len(top_lines)} of {bl.get('distinct_lines', 0):,}; all "
                       "hashes in `02-filter.scores/boilerplate_lines.parquet`):", "",
-                      "| documents containing it | source | line |", "|---:|---|---|"]
+                      "| times removed | documents containing it | source | line |", "|---:|---:|---|---|"]
             for t in top_lines:
                 text = t.get("line")
                 shown = _md_escape(text[:160] + ("…" if len(text) > 160 else "")) if text is not None else \
                     f"(hash {t['hash']}; its text was not met when stripping)"
-                lines.append(f"| {t['docs']:,} | {_md_escape(t['source'])} | {shown} |")
+                lines.append(f"| {t.get('removed', 0):,} | {t['docs']:,} | {_md_escape(t['source'])} | {shown} |")
             lines.append("")
 
     q = extra.get("read", {}).get("quarantine_examples") or []

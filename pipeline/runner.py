@@ -458,8 +458,10 @@ class Pipeline:
             write_json_atomic(marker, {"scoring_hash": scoring_hash, "finished_utc": _utc_now()})
         stats["scores_reused"] = bool(reuse)
         texts = stats.pop("boilerplate_line_texts", {})
+        times = stats.pop("boilerplate_line_removed", {})
         for t in line_stats.get("top", []):  # the most frequent removed lines, as text, for the report
-            t["line"] = texts.get(str(t["hash"]))
+            t["line"], t["removed"] = texts.get(str(t["hash"])), int(times.get(str(t["hash"]), 0))
+        line_stats.get("top", []).sort(key=lambda t: (-t["removed"], -t["docs"]))
         stats["boilerplate_lines"] = line_stats
         self.extra["filter"] = {
             "examples": _removed_examples(folder / "removed", self.stage_dir("normalize")),

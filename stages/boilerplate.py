@@ -102,13 +102,13 @@ def count_lines_part(path: str, min_width: int) -> pd.DataFrame:
 
 
 def strip_lines(texts: list[str], sources: list[str], drop: dict[str, set[int]],
-                named: Optional[dict[int, Optional[str]]] = None) -> tuple[list[str], np.ndarray]:
+                named: Optional[dict[int, Optional[list]]] = None) -> tuple[list[str], np.ndarray]:
     """Remove the lines listed for each document's source; returns the texts and the lines removed
     from each document. Lines are split and hashed as Arrow arrays (distinct lines only); Python
     only rejoins the documents that lose a line. A document that would lose every line is left
     whole: all of it recurs elsewhere, which is for dedup to judge, not boilerplate to strip.
-    `named` ({hash: None}) is filled with the text of those removed lines met here, so a report
-    can show the lines, not only their hashes."""
+    `named` ({hash: None}) gets [text, times removed here] for those lines, so a report can show
+    the lines, not only their hashes."""
     removed = np.zeros(len(texts), dtype=np.int64)
     wanted = [i for i, s in enumerate(sources) if drop.get(s)]
     if not wanted:
@@ -126,10 +126,12 @@ def strip_lines(texts: list[str], sources: list[str], drop: dict[str, set[int]],
     hits_per_doc = np.bincount(lines.doc[hit], minlength=len(wanted))
     strip = (hits_per_doc > 0) & (lines_per_doc >= MIN_DOC_LINES) & (hits_per_doc < lines_per_doc)
     if named and hit.any():
-        idx = np.flatnonzero(hit & np.isin(hashes, np.fromiter(named, dtype=np.int64)))
-        _, first = np.unique(hashes[idx], return_index=True)
-        for k in idx[first].tolist():
-            named[int(hashes[k])] = lines.flat[k].as_py()
+        removed_here = hit & strip[lines.doc]
+        idx = np.flatnonzero(removed_here & np.isin(hashes, np.fromiter(named, dtype=np.int64)))
+        uniq, first, counts = np.unique(hashes[idx], return_index=True, return_counts=True)
+        for h, k, c in zip(uniq.tolist(), idx[first].tolist(), counts.tolist()):
+            text, before = named.get(h) or (lines.flat[k].as_py(), 0)
+            named[h] = [text, before + c]
     out = list(texts)
     starts = np.concatenate([[0], np.cumsum(lines.per_doc)])
     for j in np.flatnonzero(strip):

@@ -27,7 +27,7 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
     `audit_text_chars` characters, as it came in)."""
     texts, sources = df["text"].tolist(), df["source"].fillna("").tolist()
     lines_removed = np.zeros(len(df), dtype=np.int64)
-    named: dict[int, Optional[str]] = dict.fromkeys(name_lines or [])
+    named: dict[int, Optional[list]] = dict.fromkeys(name_lines or [])
     if drop_lines:
         texts, lines_removed = strip_lines(texts, sources, drop_lines, named)
     if reuse_scores and scores_path and os.path.isfile(scores_path):
@@ -63,8 +63,9 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
         "by_lang": {lg: {"in": int((lang == lg).sum()), "out": int(((lang == lg) & ~drop).sum())} for lg in np.unique(lang)},
         "removed_by_lang": {lg: _counts(reason[drop & (lang == lg)]) for lg in np.unique(lang)},
         "removed_by_source": {s: _counts(reason[drop & (src == s)]) for s in np.unique(src[drop])} if drop.any() else {},
-        # the text of the most frequent boilerplate lines met in this part (merged: any part's copy)
-        "boilerplate_line_texts": {str(h): t for h, t in named.items() if t is not None},
+        # the most frequent boilerplate lines removed in this part: text (any part's copy) and times removed (summed)
+        "boilerplate_line_texts": {str(h): v[0] for h, v in named.items() if v is not None},
+        "boilerplate_line_removed": {str(h): v[1] for h, v in named.items() if v is not None},
     }
     return BatchResult(kept=out[~drop].reset_index(drop=True), removed=removed_out, stats=stats)
 

@@ -24,6 +24,8 @@ def _corpus(root: Path) -> dict[str, str]:
     for i in range(60):
         body = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(4))
         docs.append({"id": f"w{i}", "text": f"{BANNER}\n{body}\n{NAV}", "source": "wiki"})
+    # every line recurs: left whole (stripping would leave nothing), so counted as containing, not removed
+    docs.append({"id": "w-all-boilerplate", "text": f"{BANNER}\n{NAV}\n{BANNER}", "source": "wiki"})
     docs += [{"id": f"short{i}", "text": f"tiny {i}", "source": "junk"} for i in range(3)]
     long_doc = " ".join(rng.choice(words) for _ in range(400))
     docs.append({"id": "long", "text": long_doc, "source": "books"})
@@ -78,9 +80,10 @@ def test_report_lists_the_most_frequent_removed_boilerplate_lines_with_counts(au
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "Most frequent removed boilerplate lines" in report
     banner = BANNER.replace("|", "\\|")
-    assert f"| 60 | wiki | {banner} |" in report and f"| 60 | wiki | {NAV} |" in report
+    assert f"| 60 | 61 | wiki | {banner} |" in report and f"| 60 | 61 | wiki | {NAV} |" in report  # removed, containing
     kept = _rows(out / "02-filter")
-    assert not kept["text"].str.contains("Example Wiki").any()  # and the lines were removed
+    stripped = kept[kept["source"].eq("wiki") & kept["id"].ne("w-all-boilerplate")]
+    assert len(stripped) == 60 and not stripped["text"].str.contains("Example Wiki").any()  # the lines were removed
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
