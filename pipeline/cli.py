@@ -433,8 +433,10 @@ def _planted_pairs_found(stage_dir: Path, pairs: list[dict], other: str, filtere
     removed_dir = stage_dir / "removed"
     links: set = set()
     if any(removed_dir.glob("*.parquet")):
-        removed = pq.read_table(str(removed_dir), columns=["id", "duplicate_of_id"]).to_pylist()
-        links = {(r["id"], r["duplicate_of_id"]) for r in removed}
+        # exact dedup's first match stays in exact_of_id when near dedup later removed it (duplicate_of then names its keeper)
+        col = "exact_of_id" if "exact_of_id" in pq.read_schema(next(removed_dir.glob("*.parquet"))).names else "duplicate_of_id"
+        removed = pq.read_table(str(removed_dir), columns=["id", col]).to_pylist()
+        links = {(r["id"], r[col]) for r in removed}
     found = sum((p["id"], p[other]) in links or (p[other], p["id"]) in links for p in pairs)
     both = sum(p["id"] in filtered and p[other] in filtered for p in pairs)
     return found, both

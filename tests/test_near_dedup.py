@@ -221,7 +221,8 @@ def test_keep_newest_by_field_and_jsonl_export(near_corpus, dask_client, tmp_pat
     cfg = parse_config({"input": {"paths": [str(corpus)]},
                         "dedup": {"keep": "field", "keep_field": "date", "keep_order": "max"}})
     Pipeline(cfg, tmp_path / "out", client=dask_client, log=lambda m: None, job="dedup", export_format="jsonl").run()
-    removed = pq.read_table(str(tmp_path / "out" / "removed")).to_pandas()
+    removed = pd.DataFrame([json.loads(line) for f in sorted((tmp_path / "out" / "removed").glob("*.jsonl"))
+                            for line in f.open(encoding="utf-8")])  # --format jsonl writes removed/ as JSONL too
     assert set(removed["id"]) == {orig for _, orig in truth["planted"]}  # the newer copies are kept
     kept_ids = {json.loads(line)["id"] for f in (tmp_path / "out" / "kept").glob("*.jsonl") for line in f.open()}
     assert {near for near, _ in truth["planted"]} <= kept_ids
