@@ -197,9 +197,13 @@ def mindformers_site(request) -> Path:
     import os
     import subprocess
     import sys
+    import tempfile
 
     given = os.environ.get("CORPUSMILL_MINDFORMERS_SITE")
-    site = Path(given) if given else request.config.cache.mkdir("mindformers-1.9.0")
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    site = Path(given) if given else cache.mkdir("mindformers-1.9.0") if cache is not None else \
+        Path(tempfile.gettempdir()) / "corpusmill-test-mindformers-1.9.0"
+    site.mkdir(parents=True, exist_ok=True)
     done = site / "installed.txt"
     if not done.exists() or done.read_text() != "\n".join(MINDFORMERS):
         proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(site),
