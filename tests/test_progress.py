@@ -5,7 +5,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
 from pipeline import engine
 from pipeline.engine import Heartbeat, Progress, run_tasks

@@ -6,8 +6,10 @@ import sys
 import pytest
 
 from pipeline.config import TrainConfig, parse_config
-from tests.test_train import shards  # noqa: F401 - the module's real shard set
+from tests import test_train
 from trainer.memory import GiB, TrainMemoryError, estimate, plan
+
+shards = test_train.shards  # the real shard set the training tests build (a module-scoped fixture)
 
 # issue 20: batch 8, seq 2048, vocab 55,296 (the default 2 x 64 model) was killed at 20 GB, batch 2 at
 # 13.5 GB; batch 1 peaked at 8.5 GB on the real corpus's shards
@@ -55,7 +57,7 @@ def test_settings_that_cannot_fit_are_refused_naming_what_to_lower():
 
 def _peak_rss_of_train(shards_dir, out, settings: dict) -> tuple[float, list[str]]:
     """Run trainer.train in a child process and return its peak RSS (bytes) and its log."""
-    script = f"""
+    script = """
 import json, resource, sys
 from pipeline.config import TrainConfig
 from trainer.train import train
