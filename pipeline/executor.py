@@ -79,7 +79,10 @@ def _json_kind(value: Any) -> str:
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):
-        return "int" if -(1 << 63) <= value < (1 << 63) else "bigint"
+        if not -(1 << 63) <= value < (1 << 63):
+            return "bigint"
+        # beside floats an int becomes a double, which holds integers exactly only up to 2**53
+        return "int" if -(1 << 53) <= value <= (1 << 53) else "int64"
     if isinstance(value, float):
         return "float"
     if isinstance(value, str):
@@ -100,7 +103,8 @@ def kept_field_kinds(path: str) -> dict[str, list[str]]:
     return {name: sorted(k) for name, k in kinds.items()}
 
 
-_ARROW_OF_KINDS = {frozenset({"str"}): pa.string(), frozenset({"int"}): pa.int64(), frozenset({"float"}): pa.float64(),
+_ARROW_OF_KINDS = {frozenset({"str"}): pa.string(), frozenset({"int"}): pa.int64(), frozenset({"int64"}): pa.int64(),
+                   frozenset({"int", "int64"}): pa.int64(), frozenset({"float"}): pa.float64(),
                    frozenset({"int", "float"}): pa.float64(), frozenset({"bool"}): pa.bool_()}
 
 

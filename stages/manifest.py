@@ -118,6 +118,14 @@ def structure_problems(manifest: Any) -> list[str]:
                 problems.append(f"files[{i}] is {_show(entry)}, expected an object")
                 continue
             problems += _keys(entry, _FILE_KEYS, _OPTIONAL_FILE, f"files[{i}]")
+    columns = manifest.get("columns")
+    if isinstance(columns, dict):
+        for name, spec in columns.items():
+            if not isinstance(spec, dict):
+                problems.append(f"columns.{_show(name)} is {_show(spec)}, expected an object")
+            elif "shape" in spec and not (isinstance(spec["shape"], list)
+                                          and all(isinstance(x, int) and not isinstance(x, bool) for x in spec["shape"])):
+                problems.append(f"columns.{_show(name)}.shape is {_show(spec['shape'])}, expected a list of integers")
     if problems:
         return problems
     tok = manifest["tokenizer"]

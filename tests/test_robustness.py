@@ -59,7 +59,8 @@ def _records_with_changing_fields() -> list[dict]:
     recs.append({"id": "dated", "text": _doc(rng), "date": "2024-05-01", "url": "https://example.org/a", "n": 3})
     recs.append({"id": "typed", "text": _doc(rng), "lang": "zh", "n": "three", "tags": ["a", 1], "nested": {"k": [1, 2]}})
     recs.append({"id": "bool", "text": _doc(rng), "flag": True, "score": 1, "big": 10**30})
-    recs.append({"id": "float", "text": _doc(rng), "score": 0.5, "flag": None})
+    recs.append({"id": "float", "text": _doc(rng), "score": 0.5, "flag": None, "exact": 1234567890123456789})
+    recs.append({"id": "mixed", "text": _doc(rng), "exact": 0.25})  # a double would lose the int above 2**53
     recs.append({"id": "copy", "text": recs[1]["text"], "other": "dropped with the duplicate"})
     return recs
 
@@ -82,7 +83,8 @@ def test_dedup_export_keeps_every_field_of_every_document_even_when_its_type_cha
         types = json.loads((kept_dir / "_fields.json").read_text())
         # one type per column over all documents; a field whose type changes is kept as JSON text
         assert types["date"] == "string" and types["score"] == "double" and types["flag"] == "bool"
-        assert types["n"] == types["tags"] == types["nested"] == types["big"] == "json"
+        assert types["n"] == types["tags"] == types["nested"] == types["big"] == types["exact"] == "json"
+        assert json.loads(by_id["float"]["exact"]) == 1234567890123456789
         assert by_id["dated"]["date"] == "2024-05-01" and by_id["dated"]["url"] == "https://example.org/a"
         assert json.loads(by_id["dated"]["n"]) == 3 and json.loads(by_id["typed"]["n"]) == "three"
         assert json.loads(by_id["typed"]["nested"]) == {"k": [1, 2]}
