@@ -307,3 +307,21 @@ def test_serve_refuses_a_dashboard_address_it_cannot_use(tmp_path):
         r = subprocess.run([str(BIN / "corpusmill"), "serve", "--state", str(tmp_path / "s"), "--data-root", str(tmp_path),
                             "--dashboard-address", address], env=env, capture_output=True, text=True, timeout=START_S)
         assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, (address, r.stderr[-2000:])
+
+
+def test_a_port_in_use_is_one_line_before_anything_is_started_or_announced(tmp_path):
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        done = subprocess.run([str(BIN / "corpusmill"), "serve", "--port", str(port), "--state", str(tmp_path / "state"),
+                               "--data-root", str(tmp_path)], capture_output=True, text=True, timeout=START_S,
+                              env={**os.environ, "CORPUSMILL_TOKEN": TOKEN})
+    finally:
+        holder.close()
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"corpusmill: error: --port {port}: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert "http://" not in done.stdout  # nothing was announced

@@ -94,6 +94,23 @@ def _dashboard_link(client, address: Optional[str]) -> Optional[str]:
     return f"http://{host}:{port}/status"
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """The service's listening socket, bound now, so a port in use is refused before the cluster starts."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except OSError as e:
+        raise ServiceError(f"--host {host}: cannot resolve it ({e.strerror or e})") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ServiceError(f"--port {port}: cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
 def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, scheduler: Optional[str] = None,
           token_file: Optional[str] = None, max_concurrent: int = 1, max_queued: int = 100,
           n_workers: Optional[int] = None, dashboard_address: str = DEFAULT_DASHBOARD,
@@ -129,6 +146,7 @@ def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, schedu
                                     dashboard_address=dashboard_address)
     except ValueError as e:
         raise ServiceError(f"--workers / --dashboard-address: {e}") from None
+    listener = _listen(host, port)  # before anything is started or announced: a taken port is one line
     if not scheduler and not is_loopback(dash_host or "0.0.0.0"):
         log(f"service: warning: the Dask dashboard listens on {dashboard_address}, beyond this machine, without "
             "authentication")
@@ -143,7 +161,10 @@ def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, schedu
                 f"{dashboard or 'not running'}; state {state}; data roots {', '.join(roots.roots)}; "
                 f"{max_concurrent} job(s) at a time, {max_queued} queued at most")
             sys.stdout.flush()
-            uvicorn.run(create_app(ctx), host=host, port=port, log_level="warning", access_log=False)
+            server = uvicorn.Server(uvicorn.Config(create_app(ctx), host=host, port=port, log_level="warning",
+                                                   access_log=False))
+            server.run(sockets=[listener])
     finally:
+        listener.close()
         store.close()
     return 0
