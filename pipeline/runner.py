@@ -31,7 +31,7 @@ from stages import (
     tokenize,
 )
 from stages.shingles import ShingleSpec
-from stages.base import merge_stats, write_json_atomic, write_table_atomic, write_text_atomic
+from stages.base import atomic_file, merge_stats, write_frame_partitions, write_json_atomic, write_table_atomic, write_text_atomic
 
 from . import __version__
 from .config import Config
@@ -406,11 +406,11 @@ class Pipeline:
                                 sample=ic.sample, sample_seed=ic.sample_seed, on_error=ic.on_error)
         results = run_tasks(self.client, [delayed(read.read_unit)(u, opts, str(folder)) for u in units], "read")
         stats: dict = {}
-        with open(folder / "quarantine.jsonl", "w", encoding="utf-8") as q:
+        with atomic_file(folder / "quarantine.jsonl") as q:
             for r in results:
                 merge_stats(stats, r["stats"])
                 for rec in r["quarantine"]:  # the reader writes paths, reasons and snippets as valid UTF-8
-                    q.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    q.write((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
         stats["input_files"] = len(files)
         stats["removed"] = dict(stats.pop("quarantine_reasons", {}))
         lost = stats.get("lost_input") or {}
@@ -515,7 +515,7 @@ class Pipeline:
         removed_dir = folder / "removed"
         dups = exact_dedup.find_exact_duplicates(hashes)
         with _ProgressNote(self.log, "exact_dedup: grouping hashes across partitions (Dask shuffle)"):
-            dups.to_parquet(str(removed_dir), write_index=False, compute=False).compute()
+            write_frame_partitions(dups, removed_dir)
         removed = pq.read_table(str(removed_dir), columns=["uid"]) if any(removed_dir.glob("*.parquet")) else None
         drop = np.sort(removed.column("uid").to_numpy()) if removed is not None else np.empty(0, np.int64)
         drop_future = self.client.scatter(drop, broadcast=True)
@@ -623,7 +623,7 @@ class Pipeline:
                 meta=near_dedup.VERIFIED_META.assign(method=np.int8(0))))
         edges_dir = folder / "edges"
         self.log("  near_dedup: bucketing candidates (Dask shuffles)")
-        dd.concat(edge_sets).to_parquet(str(edges_dir), write_index=False, compute=False).compute()
+        write_frame_partitions(dd.concat(edge_sets), edges_dir)
         edge_files = sorted(str(p) for p in edges_dir.glob("*.parquet"))
         edge_tables = [pq.read_table(f, columns=["method"]) for f in edge_files]
         n_edges = sum(t.num_rows for t in edge_tables)
@@ -670,7 +670,7 @@ class Pipeline:
                              rename={"uid": "duplicate_of", "simhash": "sig_b"}, enforce_metadata=False)
         removed = removed.merge(su, on="uid").merge(sk, on="duplicate_of").map_partitions(
             near_dedup.finish_removed, dc.minhash.threshold, 1.0 - dc.simhash.max_distance / 64.0, meta=near_dedup.REMOVED_META)
-        removed.to_parquet(str(folder / "removed"), write_index=False, compute=False).compute()
+        write_frame_partitions(removed, folder / "removed")
         return self._finish_near_dedup(folder, parts, stats)
 
     def _rows_for_uids(self, sig_paths: list[str], uids: np.ndarray, fields: list[str], label: str) -> list:
@@ -943,10 +943,9 @@ class Pipeline:
             "shuffle_seed": sc.seed,
             "files": files,
         }
-        (staging / "mindformers_train_dataset.yaml").write_text(
-            shard.mindformers_snippet(str(folder.resolve()), sc.layout, window, ["input_ids", "labels"] if labels else ["input_ids"],
-                                      tok["eos_id"] if self.cfg.pack.mode != "pad" and self.cfg.tokenizer.add_eos else None),
-            encoding="utf-8")
+        write_text_atomic(staging / "mindformers_train_dataset.yaml", shard.mindformers_snippet(
+            str(folder.resolve()), sc.layout, window, ["input_ids", "labels"] if labels else ["input_ids"],
+            tok["eos_id"] if self.cfg.pack.mode != "pad" and self.cfg.tokenizer.add_eos else None))
         write_json_atomic(staging / "manifest.json", manifest)
         if folder.exists():
             shutil.rmtree(folder)

@@ -11,7 +11,7 @@ import secrets
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, BinaryIO, Iterator, Optional
 
 import pandas as pd
 import pyarrow as pa
@@ -105,17 +105,19 @@ def file_sha256(path: str) -> str:
 
 
 @contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """A fresh temporary name beside `path`, renamed over it when the block succeeds and removed when
-    it fails (a full disk leaves no half-written or zero-byte file behind). The rename replaces a
-    symlink at `path` instead of writing through it, and the temporary name is created exclusively
-    (O_EXCL | O_NOFOLLOW), so a link planted in a run directory can never redirect a write."""
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A binary file at a fresh temporary name beside `path`, renamed over it when the block succeeds
+    and removed when it fails (a full disk leaves no half-written or zero-byte file behind). The
+    temporary file is created exclusively with O_NOFOLLOW and written through that descriptor only,
+    and the rename replaces a symlink at `path` instead of writing through it: a link planted in a
+    run directory can never redirect a write."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
-        yield tmp
+        with os.fdopen(fd, "wb") as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         with suppress(OSError):
@@ -124,8 +126,8 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` all at once (see `atomic_path`)."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+    """Replace `path` with `data` all at once (see `atomic_file`)."""
+    with atomic_file(path) as f:
         f.write(data)
 
 
@@ -138,17 +140,35 @@ def write_json_atomic(path: Path, payload: Any, indent: Optional[int] = 2) -> No
 
 
 def write_table_atomic(table: pa.Table, path: Path) -> None:
-    """Write to a temporary name then rename, so a killed run never leaves half a part. `.arrow`
-    names get an uncompressed Arrow IPC file (memory-mapped by readers that pick rows out of it),
-    anything else Parquet with zstd."""
-    with atomic_path(path) as tmp:
+    """Write to a temporary name then rename (see `atomic_file`), so a killed run never leaves half a
+    part. `.arrow` names get an uncompressed Arrow IPC file (memory-mapped by readers that pick rows
+    out of it), anything else Parquet with zstd."""
+    path = Path(path)
+    with atomic_file(path) as f:
         if path.suffix == ".arrow":
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            with pa.ipc.new_file(f, table.schema) as writer:
                 writer.write_table(table)
         else:
             # row groups of about 4 MB, so a task that needs a slice of a part reads only its groups
             rows = max(1024, int(table.num_rows * ROW_GROUP_BYTES / max(1, table.nbytes)))
-            pq.write_table(table, tmp, compression="zstd", row_group_size=rows)
+            pq.write_table(table, f, compression="zstd", row_group_size=rows)
+
+
+def write_frame_partitions(frame: Any, folder: Path) -> None:
+    """Each partition of a Dask DataFrame as `folder/part.N.parquet`, written by `write_table_atomic`
+    (not Dask's own writer, which opens files by path and would follow a planted link); every part
+    has the frame's schema, empty ones included."""
+    import dask
+    from dask import delayed
+
+    schema = pa.Schema.from_pandas(frame._meta, preserve_index=False)
+    folder = Path(folder)
+    dask.compute(*[delayed(_write_partition)(part, schema, str(folder / f"part.{i}.parquet"))
+                   for i, part in enumerate(frame.to_delayed())])
+
+
+def _write_partition(df: pd.DataFrame, schema: pa.Schema, path: str) -> None:
+    write_table_atomic(pa.Table.from_pandas(df, schema=schema, preserve_index=False), Path(path))
 
 
 ROW_GROUP_BYTES = 4 << 20

@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import sentencepiece as spm
 
-from .base import BatchResult, file_sha256, write_bytes_atomic
+from .base import BatchResult, file_sha256, write_bytes_atomic, write_text_atomic
 
 TOKEN_SCHEMA = pa.schema([("uid", pa.int64()), ("n_tokens", pa.int32()), ("input_ids", pa.list_(pa.int32()))])
 
@@ -144,15 +144,9 @@ def check_tokenizer(
 
 def write_training_sample(texts: list[str], path: Path) -> int:
     """One sentence per line, as SentencePiece's trainer expects; returns lines written."""
-    n = 0
-    with open(path, "w", encoding="utf-8") as f:
-        for text in texts:
-            for line in text.split("\n"):
-                if line.strip():
-                    f.write(line)
-                    f.write("\n")
-                    n += 1
-    return n
+    lines = [line for text in texts for line in text.split("\n") if line.strip()]
+    write_text_atomic(Path(path), "".join(line + "\n" for line in lines))
+    return len(lines)
 
 
 def train_tokenizer(sample_file: Path, model_prefix: Path, *, vocab_size: int, model_type: str,

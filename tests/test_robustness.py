@@ -262,3 +262,31 @@ def test_sigterm_records_interrupted_and_exits_143(tmp_path):
     progress = _progress(out)
     assert progress["state"] == "interrupted" and progress["error"] == "interrupted"
 
+
+
+def test_stage_writers_replace_a_planted_link_instead_of_writing_through_it(tmp_path, dask_client):
+    """Parts, Dask frames and JSONL written inside stage folders go through one descriptor-based
+    writer: a link planted at the name is replaced and its target never changes."""
+    import dask.dataframe as dd
+    import pandas as pd
+    import pyarrow as pa
+
+    from stages.base import atomic_file, write_frame_partitions, write_table_atomic
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    folder = tmp_path / "stage"
+    (folder / "removed").mkdir(parents=True)
+    for name in ("part-00000.parquet", "part-00000.arrow", "quarantine.jsonl", "removed/part.0.parquet"):
+        (folder / name).symlink_to(victim)
+    table = pa.table({"uid": [1, 2], "text": ["a", "b"]})
+    write_table_atomic(table, folder / "part-00000.parquet")
+    write_table_atomic(table, folder / "part-00000.arrow")
+    with atomic_file(folder / "quarantine.jsonl") as f:
+        f.write(b'{"line": 1}\n')
+    frame = dd.from_pandas(pd.DataFrame({"uid": [1, 2, 3], "score": [0.5, 0.25, 1.0]}), npartitions=2)
+    write_frame_partitions(frame, folder / "removed")
+    assert victim.read_text() == "precious"
+    assert not any(p.is_symlink() for p in folder.rglob("*"))
+    assert pq.read_table(folder / "removed").num_rows == 3 and pq.read_table(folder / "part-00000.parquet") == table
+    assert not [p for p in folder.rglob("*") if ".tmp" in p.name]
