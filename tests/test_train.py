@@ -186,3 +186,22 @@ def test_training_replaces_links_planted_in_its_output_folder_and_never_appends_
     with pytest.raises(OSError):  # O_NOFOLLOW: the CLI prints it as one line
         train(str(shards_dir), str(linked), _tcfg(cfg, steps=2, batch_size=2), log=lambda m: None)
     assert (outside / "metrics.jsonl").read_text() == "precious"
+
+
+def test_resume_under_another_micro_batch_size_continues_at_the_same_sample(shards, tmp_path):
+    """The memory plan may pick another micro-batch size at each start (it depends on free memory):
+    a resumed run skips the samples consumed, not a count of batches, so its losses match."""
+    from trainer.train import train
+
+    shards_dir, cfg = shards
+    whole = _tcfg(cfg, steps=4, batch_size=4, grad_accumulation=2, checkpoint_every=2)
+    train(str(shards_dir), str(tmp_path / "whole"), whole, log=lambda m: None)
+    train(str(shards_dir), str(tmp_path / "split"), whole, log=lambda m: None, stop_after=2)
+    logs: list[str] = []
+    train(str(shards_dir), str(tmp_path / "split"), _tcfg(cfg, steps=4, batch_size=2, grad_accumulation=4,
+                                                           checkpoint_every=2), log=logs.append, resume=True)
+    assert any("at step 2 (sample 16)" in line for line in logs)
+    assert np.allclose(_losses(tmp_path / "whole"), _losses(tmp_path / "split"), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="resume with --batch-size 2"):  # 32 samples do not split into 3s
+        train(str(shards_dir), str(tmp_path / "split"), _tcfg(cfg, steps=4, batch_size=3, grad_accumulation=1,
+                                                               checkpoint_every=2), log=lambda m: None, resume=True)

@@ -12,6 +12,8 @@ import numpy as np
 
 from stages.base import write_json_atomic, write_text_atomic
 
+from pipeline.config import ConfigError
+
 from . import checkpoint
 from .data import ShardMismatch, check_model_fits, check_shards, load_manifest, rank_dataset, rank_files
 from .precision import DynamicLossScaler, compute_dtype
@@ -211,12 +213,18 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
         start_step, losses = state["step"], state["losses"]
         if session.scaler is not None and state.get("loss_scaler"):
             session.scaler = DynamicLossScaler.from_state(state["loss_scaler"])
-        for _ in range(state["batches"]):  # the same seeded order: skip exactly what was consumed
+        # the same seeded sample order: skip exactly the samples consumed, whatever micro-batch size the
+        # memory plan picks now (it depends on the memory free at each start)
+        consumed = state["batches"] * state.get("micro_batch_size", tcfg.batch_size)
+        if consumed % tcfg.batch_size:
+            raise ConfigError(f"--resume: the checkpoint consumed {consumed} samples in micro-batches of "
+                              f"{state['micro_batch_size']}; resume with --batch-size {state['micro_batch_size']}")
+        for _ in range(consumed // tcfg.batch_size):
             next(session.batches)
         kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= start_step] \
             if metrics_path.is_file() else []
         write_text_atomic(metrics_path, "".join(line + "\n" for line in kept))
-        log(f"train: resumed from {folder} at step {start_step} (batch {state['batches']})")
+        log(f"train: resumed from {folder} at step {start_step} (sample {consumed})")
     tokens_per_step = tcfg.batch_size * tcfg.grad_accumulation * seq_length
     flat_checked = False
     profiler, profile_dir = None, None
@@ -280,7 +288,8 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
                 profiler = None
             if tcfg.checkpoint_every and ((step + 1) % tcfg.checkpoint_every == 0 or step + 1 in (tcfg.steps, end)):
                 checkpoint.save(session.optimizer, out, step + 1,
-                                {"batches": (step + 1) * tcfg.grad_accumulation, "losses": losses,
+                                {"batches": (step + 1) * tcfg.grad_accumulation, "micro_batch_size": tcfg.batch_size,
+                                 "losses": losses,
                                  "loss_scaler": session.scaler.state() if session.scaler else None},
                                 keep=tcfg.keep_checkpoints)
     wall = time.perf_counter() - t_start
