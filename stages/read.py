@@ -49,6 +49,7 @@ SNIPPET_CHARS = 200
 MAX_NESTING = 200  # deeper JSON records are quarantined: later stages parse `meta` again on deep stacks
 STREAM_CHUNK = 64 << 10  # compressed bytes fed to a decompressor at a time
 MAX_CHUNK_OUT = 8 << 20  # decompressed bytes taken from one gzip feed at a time
+ZSTD_FEED = 1 << 10  # compressed bytes given to the zstd decoder at a time (at most ~32 MiB out of them)
 _BOM = codecs.BOM_UTF8
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -483,11 +484,19 @@ class _Decoder:
                     data = self.d.unconsumed_tail
                     if self.d.eof or (not data and len(out) < MAX_CHUNK_OUT):
                         break
+                if not self.d.eof:
+                    return
+                data = self.d.unused_data  # the next gzip member
             else:
-                yield self.d.decompress(data)
-            if not self.d.eof:
-                return
-            data = self.d.unused_data  # the next gzip member / zstd frame
+                # zstd's decompressobj has no output bound: feed it small pieces, so one call yields at
+                # most ZSTD_FEED x the format's largest ratio, never a whole bomb at once
+                rest = data
+                while rest and not self.d.eof:
+                    piece, rest = rest[:ZSTD_FEED], rest[ZSTD_FEED:]
+                    yield self.d.decompress(piece)
+                if not self.d.eof:
+                    return
+                data = self.d.unused_data + rest  # the next zstd frame
             self.members += 1
             self.new()
 
