@@ -130,18 +130,10 @@ def _input_bytes(paths: list[str]) -> int:
     return sum(os.path.getsize(f) for f in expand_inputs(paths))
 
 
-def _available_memory() -> Optional[int]:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def check_memory(cfg: Any, available: Optional[int] = None) -> list[Check]:
-    available = _available_memory() if available is None else available
+    from trainer.memory import available_memory
+
+    available = available_memory() if available is None else available
     if available is None:
         return [Check("memory", WARNING, "cannot read the free memory (no /proc/meminfo)")]
     cpus = os.cpu_count() or 1
