@@ -69,25 +69,26 @@ def _utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def free_space(path: Path) -> str:
-    """Free space on the disk holding `path` (or its nearest existing parent), for error messages."""
+def _free_bytes(path: Path) -> Optional[int]:
+    """Free bytes on the disk holding `path` (or its nearest existing parent); None when unknown."""
     p = Path(path)
     while not p.exists() and p != p.parent:
         p = p.parent
     try:
-        return f"{shutil.disk_usage(p).free / 2**20:,.0f} MiB"
+        return shutil.disk_usage(p).free
     except OSError:
-        return "unknown"
+        return None
+
+
+def free_space(path: Path) -> str:
+    """Free space at `path`, for error messages."""
+    free = _free_bytes(path)
+    return "unknown" if free is None else f"{free / 2**20:,.0f} MiB"
 
 
 def disk_nearly_full(path: Path, min_free: int = 64 << 20) -> bool:
-    p = Path(path)
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    try:
-        return shutil.disk_usage(p).free < min_free
-    except OSError:
-        return False
+    free = _free_bytes(path)
+    return free is not None and free < min_free
 
 
 def first_line(e: BaseException) -> str:

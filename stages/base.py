@@ -17,6 +17,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .manifest import file_sha256  # noqa: F401 - one sha256 for parts, shards and tokenizers
+
 # The document contract between stages (DESIGN.md): uid is int64 and unique across a run.
 DOC_SCHEMA = pa.schema(
     [
@@ -91,17 +93,6 @@ def removed_frame(rows: pd.DataFrame, reason: Any, score: Any = None, threshold:
         out[name] = extra.get(name)
     out["text"] = excerpt(rows["text"].tolist(), text_chars) if "text" in rows else None
     return out
-
-
-def file_sha256(path: str) -> str:
-    """sha256 of a file, read in 1 MiB blocks."""
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @contextmanager

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,6 +19,7 @@ from pipeline.config import ClusterConfig, parse_config
 from pipeline.engine import dask_client as engine_client
 from pipeline.runner import Pipeline, PipelineError
 from tests.conftest import LENGTH_ONLY_FILTER, write_jsonl
+from tests.test_service import wait_until
 
 WORDS = ("data model token corpus shard rank train window quality filter python river bread stone light garden "
          "winter music number letter paper signal memory").split()
@@ -28,17 +28,6 @@ CLI = [sys.executable, "-m", "pipeline.cli"]
 
 def _doc(rng: random.Random, n: int = 40) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
-def _wait_for(condition, what: str, deadline_s: float = 300.0, interval: float = 0.2):
-    """Poll until `condition()` is truthy; generous, so a loaded machine only makes it slower."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _progress(out: Path) -> dict:
@@ -250,8 +239,8 @@ def test_sigterm_records_interrupted_and_exits_143(tmp_path):
     proc = subprocess.Popen([*CLI, "run", str(config), "--out", str(out)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        _wait_for(lambda: _progress(out).get("state") == "running" and _progress(out).get("stage"),
-                  "the run to start its first stage")
+        wait_until(lambda: _progress(out).get("state") == "running" and _progress(out).get("stage"), 300,
+                   "the run to start its first stage")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=300)
     finally:
