@@ -18,7 +18,6 @@ import pyarrow as pa
 
 from .base import BatchResult
 
-MODES = ("concat", "pad", "best_fit")
 
 def window_schema(window: int) -> pa.Schema:
     return pa.schema([("input_ids", pa.list_(pa.int32(), window)), ("n_pad", pa.int32())])

@@ -134,7 +134,6 @@ ELLIPSIS_END = r"(\.\.\.|…|。。。)\s*$"
 TERMINAL_END = r"[.!?。！？…\"'”’」』)）]\s*$"
 BOILERPLATE_LINE = (r"(?i)(javascript|enable cookies|cookie policy|we use cookies|privacy policy|terms of (use|service)|"
                     r"all rights reserved|版权所有|隐私政策|使用条款|使用协议|京ICP备|ICP备案|请启用JavaScript)")
-CJK_RE = r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]"
 
 
 def _segment_stats(texts: pa.Array, pattern: str, cjk_doc: np.ndarray, short_chars: Optional[int],
