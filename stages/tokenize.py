@@ -6,7 +6,6 @@ worker processes; sentencepiece's own threads barely help. Tokens leave as Arrow
 from __future__ import annotations
 
 import os
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -16,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import sentencepiece as spm
 
-from .base import BatchResult, file_sha256, write_bytes_atomic, write_text_atomic
+from .base import BatchResult, atomic_file, file_sha256, write_bytes_atomic, write_text_atomic
 
 TOKEN_SCHEMA = pa.schema([("uid", pa.int64()), ("n_tokens", pa.int32()), ("input_ids", pa.list_(pa.int32()))])
 
@@ -149,6 +148,11 @@ def write_training_sample(texts: list[str], path: Path) -> int:
     return len(lines)
 
 
+TRAINER_LINES = 2_000_000  # SentencePiece's input_sentence_size: the most sample lines its trainer reads
+MAX_SENTENCE_BYTES = 16384  # its max_sentence_length: longer lines are skipped
+_RESERVED = "\u2585".encode()  # its mark for characters outside the vocabulary: lines holding it are skipped
+
+
 def train_tokenizer(sample_file: Path, model_prefix: Path, *, vocab_size: int, model_type: str,
                     character_coverage: float, byte_fallback: bool, seed: int, num_threads: int,
                     user_symbols: tuple = ()) -> str:
@@ -156,10 +160,16 @@ def train_tokenizer(sample_file: Path, model_prefix: Path, *, vocab_size: int, m
 
     Ids: unk 0, bos 1, eos 2, pad 3. Normalisation is identity (the pipeline already normalised) and
     whitespace is kept, so encode->decode round-trips; newline is its own piece.
+
+    `seed` only matters for a sample longer than TRAINER_LINES lines. SentencePiece's trainer reads
+    every line of a shorter one and draws no random numbers; from a longer one it keeps a reservoir
+    sample whose generator neither Python's `random` nor `spm.set_random_generator_seed` makes
+    repeatable (sentencepiece 0.2.3, measured). So such a sample is first cut here to TRAINER_LINES
+    lines chosen with `seed`: the same sample and seed always give the same tokenizer.
     """
-    random.seed(seed)
+    train_file = _seeded_cut(Path(sample_file), TRAINER_LINES, seed)
     try:
-        _train(sample_file, model_prefix, vocab_size, model_type, character_coverage, byte_fallback, num_threads,
+        _train(train_file, model_prefix, vocab_size, model_type, character_coverage, byte_fallback, num_threads,
                list(user_symbols))
     except RuntimeError as e:
         msg = str(e)
@@ -171,8 +181,34 @@ def train_tokenizer(sample_file: Path, model_prefix: Path, *, vocab_size: int, m
                 "tokenizer.train.vocab_size or lower tokenizer.train.character_coverage"
             ) from None
         raise TokenizerError(f"SentencePiece training failed: {msg}") from None
+    finally:
+        if train_file != Path(sample_file):
+            train_file.unlink(missing_ok=True)
     _drop_training_paths(f"{model_prefix}.model")
     return f"{model_prefix}.model"
+
+
+def _seeded_cut(sample_file: Path, limit: int, seed: int) -> Path:
+    """`sample_file` itself when the trainer would read at most `limit` of its lines, else a file beside
+    it holding `limit` of those lines, chosen with `seed` and kept in their order (streamed: the sample
+    may be gigabytes)."""
+    with open(sample_file, "rb") as f:
+        n = sum(map(_trainer_reads, f))
+    if n <= limit:
+        return sample_file
+    keep = np.zeros(n, dtype=bool)
+    keep[np.random.default_rng(seed).choice(n, size=limit, replace=False)] = True
+    cut = sample_file.with_name(f"{sample_file.name}.seeded")
+    with open(sample_file, "rb") as src, atomic_file(cut) as out:
+        out.writelines(line for line, kept in zip(filter(_trainer_reads, src), keep) if kept)
+    return cut
+
+
+def _trainer_reads(line: bytes) -> bool:
+    """Whether SentencePiece's trainer takes this line (it skips empty ones, longer ones than
+    max_sentence_length bytes and ones holding its reserved U+2585) and so counts it for its sampler."""
+    body = line[:-1] if line.endswith(b"\n") else line
+    return 0 < len(body) <= MAX_SENTENCE_BYTES and _RESERVED not in body
 
 
 def _drop_training_paths(model_file: str) -> None:
@@ -210,8 +246,8 @@ def _train(sample_file: Path, model_prefix: Path, vocab_size: int, model_type: s
         split_digits=True,
         allow_whitespace_only_pieces=True,
         user_defined_symbols=["\n", *user_symbols],
-        max_sentence_length=16384,
-        input_sentence_size=2_000_000,
+        max_sentence_length=MAX_SENTENCE_BYTES,
+        input_sentence_size=TRAINER_LINES,
         shuffle_input_sentence=True,
         hard_vocab_limit=False,
         num_threads=num_threads,

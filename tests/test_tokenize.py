@@ -1,9 +1,14 @@
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from stages.tokenize import TokenizerError, check_tokenizer, tokenize_batch, train_tokenizer, write_training_sample
+from stages import tokenize
+from stages.tokenize import (TokenizerError, check_tokenizer, load_tokenizer, tokenize_batch, train_tokenizer,
+                             write_training_sample)
 from tests.conftest import SHARED_DATA
 
 ZH = "数据清洗是预训练中最容易被低估的环节。去重分为精确去重和近似去重两类。中文没有空格分词。"
@@ -61,8 +66,6 @@ def _mistral_models():
         import mistral_common
     except ImportError:
         return []
-    from pathlib import Path
-
     data = Path(mistral_common.__file__).parent / "data"
     return sorted(str(p) for p in data.glob("*.model*") if ".model" in p.name)
 
@@ -76,17 +79,60 @@ def test_mistral_tokenizers_get_a_pad_and_pass_the_checks(path):
         check_tokenizer(path, add_bos=True, add_eos=True, pad_id=None, model_vocab_size=30000, sample_texts=[])
 
 
-def test_pipeline_refuses_a_too_large_vocabulary_before_tokenizing(tmp_path, dask_client):
+def test_pipeline_refuses_a_too_large_vocabulary_before_tokenizing(tmp_path, dask_client, small_model):
     from pipeline.config import parse_config
     from pipeline.runner import Pipeline, PipelineError
     from tests.conftest import LENGTH_ONLY_FILTER, write_jsonl
 
-    models = _mistral_models()
-    if not models:
-        pytest.skip("mistral-common absent")
+    vocab = load_tokenizer(small_model).GetPieceSize()
     write_jsonl(tmp_path / "c" / "a.jsonl", [{"text": EN + f" {i}"} for i in range(20)])
-    cfg = parse_config({"input": {"paths": [str(tmp_path / "c")]}, "tokenizer": {"model": models[0]},
-                        "filter": LENGTH_ONLY_FILTER, "train": {"model": {"vocab_size": 1000}}, "pack": {"seq_length": 16}})
+    cfg = parse_config({"input": {"paths": [str(tmp_path / "c")]}, "tokenizer": {"model": small_model},
+                        "filter": LENGTH_ONLY_FILTER, "train": {"model": {"vocab_size": vocab - 1}},
+                        "pack": {"seq_length": 16}})
     with pytest.raises(PipelineError, match="larger than the model's vocab_size"):
         Pipeline(cfg, tmp_path / "out", client=dask_client, log=lambda m: None).run()
     assert not list((tmp_path / "out" / "05-tokenize").glob("part-*"))
+
+
+def _trained_on(model: str) -> list[str]:
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    proto = model_pb2.ModelProto()
+    proto.ParseFromString(Path(model).read_bytes())
+    return list(proto.trainer_spec.input)
+
+
+_TRAIN_IN_A_NEW_PROCESS = """
+import sys
+from pathlib import Path
+from stages import tokenize
+tokenize.TRAINER_LINES = 400
+for seed, folder in zip(sys.argv[2::2], sys.argv[3::2]):
+    (Path(sys.argv[1]) / folder).mkdir()
+    tokenize.train_tokenizer(Path(sys.argv[1]) / "sample.txt", Path(sys.argv[1]) / folder / "tok", vocab_size=300,
+                             model_type="unigram", character_coverage=1.0, byte_fallback=False, seed=int(seed),
+                             num_threads=1)
+"""
+
+
+def test_a_sample_longer_than_the_trainer_reads_gives_the_same_tokenizer_for_the_same_seed(tmp_path):
+    # SentencePiece samples a longer input with a generator seeded once per process, by nothing we can
+    # set: only separate processes show whether the seeded cut replaced it
+    rng = random.Random(1)
+    words = [ZH[i:i + 3] for i in range(0, len(ZH), 3)] + EN.split()
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 12))) for _ in range(1500)]
+    lines[::50] = ["x" * (tokenize.MAX_SENTENCE_BYTES + 1)] * len(lines[::50])  # lines the trainer skips count for nothing
+    assert write_training_sample(lines, tmp_path / "sample.txt") == 1500
+    root = Path(__file__).resolve().parents[1]
+    for args in (["0", "a", "1", "c"], ["0", "b"]):
+        subprocess.run([sys.executable, "-c", _TRAIN_IN_A_NEW_PROCESS, str(tmp_path), *args], cwd=root, check=True,
+                       timeout=300)
+    first = (tmp_path / "a" / "tok.model").read_bytes()
+    assert (tmp_path / "b" / "tok.model").read_bytes() == first
+    assert (tmp_path / "c" / "tok.model").read_bytes() != first
+    assert _trained_on(str(tmp_path / "a" / "tok.model")) == ["sample.txt.seeded"]
+    assert not (tmp_path / "sample.txt.seeded").exists()
+
+
+def test_a_sample_the_trainer_reads_whole_is_given_to_it_unchanged(small_model):
+    assert _trained_on(small_model) == ["sample.txt"]
