@@ -64,14 +64,22 @@ def test_default_rules_keep_prose_laws_poems_and_drop_junk():
              "Home\nNews\nSports\nWeather\nContact us\nAbout\nLogin\nSearch",  # navigation
              "哈" * 40 + "，" + ZH_PROSE,  # a degenerate run
              "Ã©tÃ© â€œquoteâ€ " * 20 + EN_PROSE[:300]]  # mojibake
+    # what makes the two fragments fail Gopher's word count and nothing earlier, from the rules set up here
+    for fragment in texts[3:5]:
+        assert sum(not c.isspace() for c in fragment) >= cfg.length.min_chars  # not too_few_chars
+        assert len(fragment.split()) < cfg.gopher_quality.min_words
     r = filter_batch(_docs(texts), rule_table(cfg))
     assert r.kept["id"].tolist() == ["d0", "d1", "d2"], r.removed[["id", "reason", "score", "threshold"]]
     reasons = r.removed.set_index("id")["reason"].to_dict()
-    assert reasons == {"d3": "gopher_few_words", "d4": "too_few_chars" if len(texts[4].replace("\n", "")) < 32
-                       else "gopher_few_words", "d5": "char_run", "d6": "garbled"}
+    assert reasons == {"d3": "gopher_few_words", "d4": "gopher_few_words", "d5": "char_run", "d6": "garbled"}
     assert r.stats["by_lang"]["zh"] == {"in": 3, "out": 2} and r.stats["removed_by_lang"]["zh"] == {"char_run": 1}
     removed = r.removed.set_index("id")
-    assert removed.loc["d5", "score"] == 40 and removed.loc["d5", "threshold"] == 16
+    assert removed.loc["d5", "score"] == 40 and removed.loc["d5", "threshold"] == cfg.chinese.max_char_run < 40
+    # the same navigation list under a length rule it fails: too_few_chars, the first rule tried
+    nav_chars = sum(not c.isspace() for c in texts[4])
+    strict = FilterConfig(length={"min_chars": nav_chars + 1})
+    r = filter_batch(_docs(texts[4:5]), rule_table(strict))
+    assert r.removed[["reason", "score", "threshold"]].values.tolist() == [["too_few_chars", nav_chars, nav_chars + 1]]
 
 
 def test_score_kept_apart_from_decision(tmp_path):
