@@ -1,10 +1,13 @@
-"""The deploy files (Docker cannot build here): their commands parse, their pins match pyproject's."""
+"""The deploy files (Docker cannot build here): their commands parse, their pins match pyproject's, and the\nREADME's Docker commands name files, images, ports and routes that exist."""
 from __future__ import annotations
 
+import fnmatch
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 import yaml
@@ -95,7 +98,99 @@ def test_the_dask_commands_of_compose_use_flags_this_dask_has():
             assert flag in help_text, f"{name}: `dask {argv[1]}` has no {flag}"
 
 
-def test_readme_shows_the_compose_commands_that_exist():
-    readme = (ROOT / "README.md").read_text()
-    assert "docker compose -p corpusmill -f docker/compose.yaml up -d --build" in readme
-    assert "docker build -f docker/Dockerfile" in readme
+def _readme_docker_commands() -> list[list[str]]:
+    """The shell lines of the README's Docker section, split as the shell splits them (comments dropped)."""
+    section = (ROOT / "README.md").read_text().split("### Deploy with Docker", 1)[1]
+    section = re.split(r"\n#{2,3} ", section, maxsplit=1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
+
+
+def _readme_command(*prefix: str) -> list[str]:
+    found = [argv for argv in _readme_docker_commands() if argv[: len(prefix)] == list(prefix)]
+    assert len(found) == 1, f"the README's Docker section should show one `{' '.join(prefix)}`"
+    return found[0]
+
+
+def _options(argv: list[str], with_value: set[str]) -> tuple[dict, list[str]]:
+    """Docker-CLI style: flags in `with_value` take the next word; everything else is a switch or positional."""
+    options, positional, words = {}, [], iter(argv)
+    for word in words:
+        if word in with_value:
+            options[word] = next(words)
+        elif word.startswith("-"):
+            options[word] = True
+        else:
+            positional.append(word)
+    return options, positional
+
+
+def _sent_to_the_build(path: str, ignore_file: Path) -> bool:
+    """Whether the .dockerignore lets `path` (relative to the build context) into the build: the last
+    pattern matching the path or one of its parents decides, `!` re-admits."""
+    admitted, parts = True, path.strip("/").split("/")
+    for line in ignore_file.read_text().splitlines():
+        pattern = line.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        negated, pattern = pattern.startswith("!"), pattern.lstrip("!").rstrip("/")
+        if any(fnmatch.fnmatchcase("/".join(parts[:i]), pattern) for i in range(1, len(parts) + 1)):
+            admitted = negated
+    return admitted
+
+
+def _compose() -> dict:
+    return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+
+
+def test_readme_docker_build_builds_this_dockerfile_as_compose_image_from_a_context_holding_what_it_copies():
+    options, positional = _options(_readme_command("docker", "build")[2:], {"-f", "-t"})
+    context = (ROOT / positional[0]).resolve()  # the README runs it from the repository root
+    dockerfile = (ROOT / options["-f"]).resolve()
+    assert dockerfile == (DOCKER / "Dockerfile").resolve()
+    image = _compose()["x-image"]  # the image every compose service runs
+    assert options["-t"] == image["image"]
+    assert (DOCKER / image["build"]["context"]).resolve() == context
+    assert (context / image["build"]["dockerfile"]).resolve() == dockerfile
+    ignore_file = dockerfile.with_name(dockerfile.name + ".dockerignore")  # BuildKit's per-Dockerfile ignore file
+    copies = [v.split() for k, v in _dockerfile_instructions() if k == "COPY"]
+    assert copies
+    for *sources, _ in copies:
+        for source in (s for s in sources if not s.startswith("--")):
+            assert (context / source).exists(), f"the Dockerfile copies {source}, which the context lacks"
+            assert _sent_to_the_build(source, ignore_file), f"{ignore_file.name} keeps {source} out of the build"
+    assert not _sent_to_the_build("docker/token", ignore_file) and not _sent_to_the_build("tests", ignore_file)
+
+
+def test_readme_docker_compose_up_starts_this_compose_file_building_its_image():
+    options, positional = _options(_readme_command("docker", "compose")[2:], {"-p", "-f"})
+    assert (ROOT / options["-f"]).resolve() == (DOCKER / "compose.yaml").resolve()
+    assert positional == ["up"] and options.get("--build") and options.get("-d")
+    services = _compose()["services"]
+    assert {s["image"] for s in services.values()} == {_compose()["x-image"]["image"]}
+    assert all("build" in s for s in services.values())  # --build rebuilds what every service runs
+
+
+def test_readme_token_and_request_reach_the_service_compose_publishes():
+    from pipeline.cli import _build_parser
+    from pipeline.service.app import ServiceContext, create_app
+
+    make_token = next(argv for argv in _readme_docker_commands() if ">" in argv)
+    token_path = make_token[make_token.index(">") + 1]
+    assert make_token[:2] == ["python3", "-c"]
+    token = subprocess.run([sys.executable, "-c", make_token[2]], capture_output=True, text=True, check=True).stdout
+    assert re.fullmatch(r"[A-Za-z0-9_-]{43}\n", token)  # 32 random bytes, URL-safe
+    compose = _compose()
+    assert (DOCKER / compose["secrets"]["corpusmill_token"]["file"]).resolve() == (ROOT / token_path).resolve()
+    assert f"/{token_path}" in (ROOT / ".gitignore").read_text().splitlines()  # never committed
+
+    curl = _readme_command("curl")
+    assert curl[curl.index("-H") + 1] == f"Authorization: Bearer $(cat {token_path})"
+    url = urlparse(curl[-1])
+    service = compose["services"]["service"]
+    port = _build_parser().parse_args(_serve_args(service["command"])).port
+    assert f"{url.hostname}:{url.port}:{port}" in service["ports"]
+    # the route exists on the service's own app (built, not served: only its route table is read)
+    app = create_app(ServiceContext(store=None, roots=None, supervisor=None, token="unused", scheduler="",
+                                    dashboard=None, max_queued=1))
+    assert any(r.path == url.path and "GET" in r.methods for r in app.routes if hasattr(r, "methods")), url.path
