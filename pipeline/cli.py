@@ -20,15 +20,8 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="corpusmill",
-        description="Raw text corpus -> normalised, filtered, deduplicated, tokenized, packed per-rank "
-        "MindRecord shards with a manifest -> MindSpore pretraining. Runs on an embedded Dask LocalCluster "
-        "or on a Dask cluster given by address.",
-    )
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    """`corpusmill run CONFIG --out DIR`: the whole pipeline a config describes."""
     run = sub.add_parser("run", help="run the pipeline a YAML config describes",
                          description="Run the pipeline described by CONFIG into the run directory --out.")
     run.add_argument("config", help="YAML config (see configs/example.yaml for every option and its default)")
@@ -43,6 +36,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="run on a seeded sample of the documents (e.g. 0.01; input.sample) through the same code path; "
                      "the report projects the full run's figures")
 
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    """`corpusmill demo`: a built-in corpus through every stage and a tiny training run."""
     demo = sub.add_parser("demo", help="build a local demo corpus, run the whole pipeline on it, train a tiny model",
                           description="Build a bilingual demo corpus (no download) with planted duplicates, junk and "
                           "malformed lines, run configs/quickstart.yaml on it, and train a tiny model on the shards.")
@@ -52,6 +48,9 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--resume", action="store_true", help="reuse finished stages of an earlier demo run in --out")
     demo.add_argument("--scheduler", metavar="ADDRESS", help="use a running Dask scheduler instead of a LocalCluster")
 
+
+def _add_dedup(sub: argparse._SubParsersAction) -> None:
+    """`corpusmill dedup INPUT... --out DIR`: the batch dedup job."""
     dedup = sub.add_parser("dedup", help="remove exact and near duplicates from a corpus (a batch dedup job)",
                            description="Read INPUT files/folders/globs, remove exact duplicates and near duplicates "
                            "(MinHash LSH and/or SimHash, connected components), and write DIR/kept/ with the input's "
@@ -71,6 +70,9 @@ def _build_parser() -> argparse.ArgumentParser:
     dedup.add_argument("--sample", type=float, metavar="FRACTION",
                        help="dedup a seeded sample of the documents (input.sample); the report projects the full run")
 
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    """`corpusmill train [lr-find] --shards DIR`: training, or the learning-rate range test."""
     train = sub.add_parser("train", help="train on shards a run produced (or find a learning rate: train lr-find)",
                            description="Train the decoder on one rank's share of a shard directory; writes "
                            "OUT/metrics.jsonl (one JSON object per step), OUT/summary.json and, with --checkpoint-every, "
@@ -93,6 +95,10 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-verify", dest="verify", action="store_false",
                        help="skip the start-up check of the shards' sizes and sha256, tokenizer and indexes against "
                        "manifest.json (the manifest itself and the files' presence are always checked)")
+
+
+def _add_tokenizer(sub: argparse._SubParsersAction) -> None:
+    """`corpusmill tokenizer train INPUT... --out MODEL`: a SentencePiece model from a sample."""
     tok = sub.add_parser("tokenizer", help="train a SentencePiece tokenizer from a corpus sample",
                          description="Tokenizer tools.")
     tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
@@ -110,6 +116,9 @@ def _build_parser() -> argparse.ArgumentParser:
     ttrain.add_argument("--sample-docs", type=int, help="documents sampled to train on (default 20000)")
     ttrain.add_argument("--config", help="YAML config whose input, normalize and tokenizer.train sections apply")
 
+
+def _add_shards(sub: argparse._SubParsersAction) -> None:
+    """`corpusmill shards verify|inspect DIR`: check or look into a shard directory."""
     shards = sub.add_parser("shards", help="verify or inspect a shard directory",
                             description="Check or look into a shards/ directory a run wrote.")
     shards_sub = shards.add_subparsers(dest="shards_command", required=True, metavar="ACTION")
@@ -127,6 +136,9 @@ def _build_parser() -> argparse.ArgumentParser:
     inspect_.add_argument("dir", help="the shards/ directory (holding manifest.json)")
     inspect_.add_argument("--decode", type=int, default=2, metavar="N", help="samples to decode (default 2)")
 
+
+def _add_config(sub: argparse._SubParsersAction) -> None:
+    """`corpusmill config show|diff|example`: configs inspected without running anything."""
     config = sub.add_parser("config", help="print a resolved config, or the documented example",
                             description="Inspect configs without running anything.")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -139,7 +151,12 @@ def _build_parser() -> argparse.ArgumentParser:
                                  "when they differ, 0 when they are the same.")
     diff.add_argument("a", help="a YAML config or a run directory")
     diff.add_argument("b", help="a YAML config or a run directory")
+    config_sub.add_parser("example", help="print configs/example.yaml (every option, its default and meaning)",
+                          description="Print every option at its default with its description.")
 
+
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
+    """`corpusmill doctor`: the environment checked before a run."""
     doctor = sub.add_parser("doctor", help="check the environment (and a config) before a run",
                             description="Python and package versions against the pins, mindspore.run_check(), the "
                             "device, CPUs vs Dask workers and num_parallel_workers, free memory and disk vs what the "
@@ -148,6 +165,10 @@ def _build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--config", help="YAML config to check against")
     doctor.add_argument("--out", help="the run directory the config would write (for the disk check; default .)")
     doctor.add_argument("--skip-mindspore", action="store_true", help="skip mindspore.run_check() (about 5-10 s)")
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    """`corpusmill serve`: the job API over HTTP."""
     srv = sub.add_parser("serve", help="run the job API: submit, follow, cancel run/dedup/train jobs over HTTP",
                          description="An authenticated HTTP API (OpenAPI at /openapi.json) that runs run, dedup and "
                          "train jobs on a shared Dask cluster. The bearer token comes from $CORPUSMILL_TOKEN or "
@@ -171,8 +192,24 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--token-file", help="file holding the bearer token (when $CORPUSMILL_TOKEN is unset)")
     srv.add_argument("--max-concurrent", type=int, default=1, help="jobs running at once (default 1)")
     srv.add_argument("--max-queued", type=int, default=100, help="jobs waiting at most; more get 429 (default 100)")
-    config_sub.add_parser("example", help="print configs/example.yaml (every option, its default and meaning)",
-                          description="Print every option at its default with its description.")
+
+
+# one function per subcommand, in the order `corpusmill --help` lists them
+_SUBCOMMANDS = (_add_run, _add_demo, _add_dedup, _add_train, _add_tokenizer, _add_shards, _add_config, _add_doctor,
+                _add_serve)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    """The whole command line; each subcommand's arguments come from its own `_add_*` function."""
+    p = argparse.ArgumentParser(
+        prog="corpusmill",
+        description="Raw text corpus -> normalised, filtered, deduplicated, tokenized, packed per-rank "
+        "MindRecord shards with a manifest -> MindSpore pretraining. Runs on an embedded Dask LocalCluster "
+        "or on a Dask cluster given by address.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in _SUBCOMMANDS:
+        add(sub)
     return p
 
 
