@@ -130,7 +130,7 @@ def test_two_rank_data_parallel_under_msrun_ends_with_identical_parameters(tmp_p
     (root / "cfg.yaml").write_text(cfg.to_yaml())
     msrun = shutil.which("msrun", path=str(Path(sys.executable).parent))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "GLOG_v": "3"}
-    entry = Path(__file__).resolve().parents[1] / "trainer" / "msrun_entry.py"
+    entry = Path(__file__).resolve().parents[1] / "pipeline" / "msrun_entry.py"  # as the README runs it
     import socket
 
     with socket.socket() as probe:  # a free port, so a busy 8118 on the CI host cannot fail the test
