@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-FILTER_STAGES = ("normalize", "filter")
-DEDUP_STAGES = ("exact_dedup", "near_dedup")
+FILTERED, DUPLICATES, QUARANTINED = "filtered", "duplicates", "quarantined"  # what a document step's removals are
 
 
 class LedgerError(RuntimeError):
@@ -26,8 +25,10 @@ def _removed_total(stage: dict) -> int:
     return int(sum((stage.get("removed") or {}).values()))
 
 
-def build_ledger(stats: dict[str, dict], doc_stages: list[str]) -> dict[str, Any]:
-    """Counts per stage and overall, with `input == kept + filtered + duplicates + quarantined` checked."""
+def build_ledger(stats: dict[str, dict], doc_stages: dict[str, str]) -> dict[str, Any]:
+    """Counts per stage and overall, with `input == kept + filtered + duplicates + quarantined` checked.
+    `doc_stages`: the document steps in order, each with what its removals count as (the first, the
+    reader, quarantines)."""
     problems = []
     previous_out = None
     stages: dict[str, Any] = {}
@@ -43,9 +44,9 @@ def build_ledger(stats: dict[str, dict], doc_stages: list[str]) -> dict[str, Any
     read = stats["read"]
     ledger: dict[str, Any] = {
         "input": int(read["docs_in"]),
-        "kept": int(stats[doc_stages[-1]]["docs_out"]),
-        "filtered": sum(_removed_total(stats[n]) for n in doc_stages if n in FILTER_STAGES),
-        "duplicates": sum(_removed_total(stats[n]) for n in doc_stages if n in DEDUP_STAGES),
+        "kept": int(stats[list(doc_stages)[-1]]["docs_out"]),
+        "filtered": sum(_removed_total(stats[n]) for n, kind in doc_stages.items() if kind == FILTERED),
+        "duplicates": sum(_removed_total(stats[n]) for n, kind in doc_stages.items() if kind == DUPLICATES),
         "quarantined": int(read["quarantined"]),
     }
     total = ledger["kept"] + ledger["filtered"] + ledger["duplicates"] + ledger["quarantined"]

@@ -1,7 +1,9 @@
-"""What every stage shares: the document schema, stats that add up, and atomic Parquet I/O.
+"""What every kernel shares: the document schema, the removed-row schema, stats that add up, and
+atomic Parquet/Arrow I/O.
 
-A stage never knows about Dask or about other stages; the pipeline maps it over partitions and
-merges the stats each partition returns.
+A kernel (everything in `stages/`) never knows about Dask or about other steps: it works on one
+partition (a pandas or Arrow batch, one file) and returns stats; the steps in `pipeline/steps/`
+map it over partitions and merge the stats (see docs/ARCHITECTURE.md).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import pyarrow.parquet as pq
 
 from .manifest import file_sha256  # noqa: F401 - one sha256 for parts, shards and tokenizers
 
-# The document contract between stages (DESIGN.md): uid is int64 and unique across a run.
+# The document contract between steps: uid is int64 and unique across a run.
 DOC_SCHEMA = pa.schema(
     [
         ("uid", pa.int64()),
@@ -45,6 +47,11 @@ REMOVED_SCHEMA = pa.schema(
         ("text", pa.string()),  # the removed document's text, or its first N characters (audit_text_chars)
     ]
 )
+
+_PANDAS_DTYPE = {pa.int64(): "int64", pa.float64(): "float64", pa.string(): "string[pyarrow]"}
+# the same removed rows as an empty pandas frame, for kernels that build them per partition (the
+# text column is added afterwards, by the step that reads the texts)
+REMOVED_META = pd.DataFrame({f.name: pd.Series(dtype=_PANDAS_DTYPE[f.type]) for f in REMOVED_SCHEMA if f.name != "text"})
 
 
 def merge_stats(total: dict, part: dict) -> dict:
@@ -143,23 +150,6 @@ def write_table_atomic(table: pa.Table, path: Path) -> None:
             # row groups of about 4 MB, so a task that needs a slice of a part reads only its groups
             rows = max(1024, int(table.num_rows * ROW_GROUP_BYTES / max(1, table.nbytes)))
             pq.write_table(table, f, compression="zstd", row_group_size=rows)
-
-
-def write_frame_partitions(frame: Any, folder: Path) -> None:
-    """Each partition of a Dask DataFrame as `folder/part.N.parquet`, written by `write_table_atomic`
-    (not Dask's own writer, which opens files by path and would follow a planted link); every part
-    has the frame's schema, empty ones included."""
-    import dask
-    from dask import delayed
-
-    schema = pa.Schema.from_pandas(frame._meta, preserve_index=False)
-    folder = Path(folder)
-    dask.compute(*[delayed(_write_partition)(part, schema, str(folder / f"part.{i}.parquet"))
-                   for i, part in enumerate(frame.to_delayed())])
-
-
-def _write_partition(df: pd.DataFrame, schema: pa.Schema, path: str) -> None:
-    write_table_atomic(pa.Table.from_pandas(df, schema=schema, preserve_index=False), Path(path))
 
 
 ROW_GROUP_BYTES = 4 << 20

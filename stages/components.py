@@ -2,8 +2,8 @@
 
 In memory (scipy.sparse.csgraph) while the edge list fits a budget; beyond it, the alternating
 large-star / small-star algorithm (Kiveris et al., "Connected Components in MapReduce and Beyond",
-2014) on Dask DataFrames, where each step is one shuffle on the node plus vectorised pandas work per
-partition. Both return the same labelling.
+2014): the per-partition halves of each round are here, the shuffles that bring a node's edges
+together are in pipeline/steps/dedup/clustering.py. Both return the same labelling.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 LABEL_META = pd.DataFrame({"uid": pd.Series(dtype="int64"), "root": pd.Series(dtype="int64")})
-_EDGE_META = pd.DataFrame({"u": pd.Series(dtype="int64"), "v": pd.Series(dtype="int64")})
+EDGE_META = pd.DataFrame({"u": pd.Series(dtype="int64"), "v": pd.Series(dtype="int64")})
 
 
 def components_in_memory(a: np.ndarray, b: np.ndarray) -> pd.DataFrame:
@@ -32,11 +32,11 @@ def components_in_memory(a: np.ndarray, b: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({"uid": nodes.astype(np.int64), "root": nodes[first[labels]].astype(np.int64)})
 
 
-def _large_star(part: pd.DataFrame) -> pd.DataFrame:
+def large_star(part: pd.DataFrame) -> pd.DataFrame:
     """For each node u (all its neighbours are in this partition): link every larger neighbour to
     the smallest of u and its neighbours."""
     if part.empty:
-        return _EDGE_META.copy()
+        return EDGE_META.copy()
     m = np.minimum(part.groupby("u", sort=False)["v"].transform("min").to_numpy(), part["u"].to_numpy())
     v = part["v"].to_numpy()
     keep = v > part["u"].to_numpy()
@@ -44,68 +44,33 @@ def _large_star(part: pd.DataFrame) -> pd.DataFrame:
     return out[out["u"] != out["v"]].drop_duplicates(ignore_index=True)
 
 
-def _small_star(part: pd.DataFrame) -> pd.DataFrame:
+def small_star(part: pd.DataFrame) -> pd.DataFrame:
     """For each node u with its smaller-or-equal neighbours N: link u and every node of N to min(N)."""
     if part.empty:
-        return _EDGE_META.copy()
+        return EDGE_META.copy()
     m = part.groupby("u", sort=False)["v"].transform("min").to_numpy()
     u, v = part["u"].to_numpy(), part["v"].to_numpy()
     out = pd.DataFrame({"u": np.concatenate([v, u]), "v": np.concatenate([m, m])})
     return out[out["u"] != out["v"]].drop_duplicates(ignore_index=True)
 
 
-def _both_directions(edges):
-    flipped = edges.map_partitions(lambda p: pd.DataFrame({"u": p["v"].to_numpy(), "v": p["u"].to_numpy()}), meta=_EDGE_META)
-    import dask.dataframe as dd
-
-    return dd.concat([edges, flipped])
+def flipped(part: pd.DataFrame) -> pd.DataFrame:
+    """Every edge the other way round (u, v) -> (v, u)."""
+    return pd.DataFrame({"u": part["v"].to_numpy(), "v": part["u"].to_numpy()})
 
 
-def _larger_to_smaller(edges):
-    return edges.map_partitions(
-        lambda p: pd.DataFrame({"u": np.maximum(p["u"], p["v"]).to_numpy(), "v": np.minimum(p["u"], p["v"]).to_numpy()}),
-        meta=_EDGE_META,
-    )
+def larger_to_smaller(part: pd.DataFrame) -> pd.DataFrame:
+    """Every edge pointing from its larger end to its smaller end."""
+    return pd.DataFrame({"u": np.maximum(part["u"], part["v"]).to_numpy(), "v": np.minimum(part["u"], part["v"]).to_numpy()})
 
 
-def _part_signature(p: pd.DataFrame) -> pd.DataFrame:
+SIGNATURE_META = pd.DataFrame({"n": pd.Series(dtype=object), "s": pd.Series(dtype=object)})
+
+
+def part_signature(p: pd.DataFrame) -> pd.DataFrame:
+    """(edge count, order-independent hash) of one partition of edges: summed over partitions, equal
+    for two rounds when a round changed nothing."""
     with np.errstate(over="ignore"):
         h = (p["u"].to_numpy().astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ p["v"].to_numpy().astype(np.uint64)
         h = h * np.uint64(0xBF58476D1CE4E5B9)
     return pd.DataFrame({"n": [len(p)], "s": [int(h.sum(dtype=np.uint64))]}, dtype=object)
-
-
-def _edge_set_signature(edges) -> tuple[int, int]:
-    """(count, order-independent hash) of an edge set: equal when a round changed nothing."""
-    parts = edges.map_partitions(_part_signature, meta=pd.DataFrame({"n": pd.Series(dtype=object), "s": pd.Series(dtype=object)})).compute()
-    return int(sum(parts["n"])), int(sum(parts["s"])) % (1 << 64)
-
-
-def components_distributed(edges, max_rounds: int = 64, log=None) -> "object":
-    """Dask edges (columns a, b) -> Dask (uid, root) labels, by alternating large- and small-star.
-
-    Each round materialises the edge list (persist) so the graph stays short; it stops when a
-    round leaves the edge set unchanged, at which point every edge points from a node to its root.
-    """
-    nparts = max(1, edges.npartitions)
-    current = _larger_to_smaller(edges.rename(columns={"a": "u", "b": "v"})[["u", "v"]]).persist()
-    previous_sig = None
-    for round_no in range(1, max_rounds + 1):
-        large = _both_directions(current).shuffle(on="u", npartitions=nparts).map_partitions(_large_star, meta=_EDGE_META)
-        small = _larger_to_smaller(large).shuffle(on="u", npartitions=nparts).map_partitions(_small_star, meta=_EDGE_META)
-        current = small.drop_duplicates(split_out=nparts).persist()
-        sig = _edge_set_signature(current)
-        if log:
-            log(f"  components: round {round_no}: {sig[0]} edges")
-        if sig == previous_sig:
-            break
-        previous_sig = sig
-    else:
-        raise RuntimeError(f"connected components did not converge in {max_rounds} rounds")
-    # converged: a star per component, every edge (u, v) with v the component's smallest uid
-    labels = current.rename(columns={"u": "uid", "v": "root"})
-    roots = current[["v"]].drop_duplicates(split_out=nparts).rename(columns={"v": "uid"})
-    roots = roots.assign(root=roots["uid"])
-    import dask.dataframe as dd
-
-    return dd.concat([labels, roots]).drop_duplicates(subset=["uid"], split_out=nparts)

@@ -1,8 +1,8 @@
-"""Exact deduplication: a 128-bit hash of the normalised text, grouped globally with Dask.
+"""Exact deduplication kernels: a 128-bit hash of the normalised text per document, the duplicates
+within a frame holding every copy of its hashes, and the removal of given uids from a partition.
 
-Finding duplicates is kept apart from removing them: `find_exact_duplicates` returns the removed
-documents (each with the uid and id it duplicates and its cluster size); `drop_uids_batch` then
-removes them partition by partition.
+Finding duplicates is kept apart from removing them; the step (pipeline/steps/dedup/exact.py) brings
+every copy of a hash into one partition with a Dask shuffle and calls `duplicates_in_group` there.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import xxhash
 
-from .base import BatchResult
+from .base import REMOVED_META, BatchResult
 
 HASH_META = pd.DataFrame(
     {
@@ -54,22 +54,6 @@ def hash_file(path: str, normalize: Optional[dict] = None) -> pd.DataFrame:
     return hash_batch(table.to_pandas())
 
 
-REMOVED_META = pd.DataFrame(
-    {
-        "uid": pd.Series(dtype="int64"),
-        "id": pd.Series(dtype="string[pyarrow]"),
-        "source": pd.Series(dtype="string[pyarrow]"),
-        "reason": pd.Series(dtype="string[pyarrow]"),
-        "score": pd.Series(dtype="float64"),
-        "threshold": pd.Series(dtype="float64"),
-        "duplicate_of": pd.Series(dtype="int64"),
-        "duplicate_of_id": pd.Series(dtype="string[pyarrow]"),
-        "cluster_size": pd.Series(dtype="int64"),
-        "cluster_id": pd.Series(dtype="int64"),
-    }
-)
-
-
 def duplicates_in_group(df: pd.DataFrame) -> pd.DataFrame:
     """Within a frame holding *every* document of each hash it contains: the non-lowest uids."""
     if df.empty:
@@ -94,14 +78,6 @@ def duplicates_in_group(df: pd.DataFrame) -> pd.DataFrame:
         }
     )
     return out.astype(REMOVED_META.dtypes.to_dict())
-
-
-def find_exact_duplicates(hashes):  # dask DataFrame -> dask DataFrame (lazy)
-    """Documents whose hash occurs at a lower uid, with `duplicate_of` (uid), `duplicate_of_id` and
-    `cluster_size`. One Dask shuffle on the hash puts every copy of a text in the same partition,
-    so memory per worker stays bounded; the grouping inside a partition is vectorised pandas."""
-    shuffled = hashes.shuffle(on=["h_hi", "h_lo"], npartitions=max(1, hashes.npartitions))
-    return shuffled.map_partitions(duplicates_in_group, meta=REMOVED_META)
 
 
 def drop_uids_batch(df: pd.DataFrame, drop_sorted: np.ndarray, reason: Optional[str] = "exact") -> BatchResult:

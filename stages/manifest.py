@@ -1,4 +1,7 @@
-"""The shard manifest (`shards/manifest.json`): the one place that loads it and checks what it claims.
+"""The shard manifest (`shards/manifest.json`): the one place that builds it, loads it and checks
+what it claims.
+
+`build` assembles it from what the shard step planned and wrote.
 
 `load` parses it and refuses anything that is not a well-formed corpusmill manifest (not JSON,
 missing keys, wrong types, an unknown `format` tag, a path that is absolute or climbs out with
@@ -46,6 +49,43 @@ _TOKENIZER_KEYS: dict[str, Any] = {
 _FILE_KEYS: dict[str, Any] = {"path": str, "rank": (_INT, None), "samples": _INT, "sha256": str, "db_sha256": str,
                               "bytes": _INT}
 _OPTIONAL_FILE: dict[str, Any] = {"tokens": _INT, "pad_tokens": _INT, "rows_xxh3_sum": _INT}
+
+
+def build(*, version: str, config_hash: str, created_utc: str, seq_length: int, tokenizer: dict[str, Any],
+          add_bos: bool, add_eos: bool, labels: bool, pack_mode: str, layout: str, ranks: int, files_per_rank: int,
+          samples_per_rank: int, total_samples: int, dropped: int, repeated: int, remainder: str, shuffle_seed: int,
+          files: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest of a finished set of shards, in FORMAT. `tokenizer` holds the checked tokenizer's
+    sha256, special ids, pad source and vocabulary size; `files` one entry per MindRecord file."""
+    window = seq_length + 1
+    columns = {"input_ids": {"type": "int32", "shape": [window],
+                             "note": "seq_length + 1 ids; the model shifts by one for labels; EOS ends every document"}}
+    if labels:
+        columns["labels"] = {"type": "int32", "shape": [window], "note": "input_ids with -100 on trailing padding"}
+    return {
+        "format": FORMAT,
+        "corpusmill_version": version,
+        "config_hash": config_hash,
+        "created_utc": created_utc,
+        "seq_length": seq_length,
+        "sample_length": window,
+        "vocab_size": tokenizer["vocab_size"],
+        "tokenizer": {k: tokenizer[k] for k in ("sha256", "bos_id", "eos_id", "unk_id", "pad_id", "pad_source", "vocab_size")}
+        | {"path": "tokenizer.model", "add_bos": add_bos, "add_eos": add_eos},
+        "columns": columns,
+        "pack_mode": pack_mode,
+        "layout": layout,
+        "ranks": ranks,
+        "files_per_rank": files_per_rank,
+        "samples_per_rank": samples_per_rank,
+        "total_samples": total_samples,
+        "dropped_samples": dropped,
+        "repeated_samples": repeated,
+        "remainder": remainder,
+        "total_tokens": sum(x["tokens"] for x in files),
+        "shuffle_seed": shuffle_seed,
+        "files": files,
+    }
 
 
 def _is(value: Any, kind: Any) -> bool:

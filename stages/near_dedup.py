@@ -1,6 +1,6 @@
 """Near-duplicate removal: per-partition signatures, and the choice of the document a cluster keeps.
 
-The pipeline (pipeline/runner.py) wires these with Dask: signatures per part, LSH/SimHash buckets
+The steps in pipeline/steps/dedup/ wire these with Dask: signatures per part, LSH/SimHash buckets
 through shuffles, connected components, then `choose_keepers` per cluster. Finding duplicates is kept
 apart from removing them (the removal reuses `exact_dedup.drop_uids_batch`).
 """
@@ -18,7 +18,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from . import minhash, simhash
-from .base import write_table_atomic
+from .base import REMOVED_META, write_table_atomic
 from .normalize import normalize_array
 from .shingles import ShingleSpec, shingle_hashes
 
@@ -261,15 +261,6 @@ def node_methods(edge_path: Optional[str]) -> pd.DataFrame:
     e = pq.read_table(edge_path, columns=["a", "b", "method"]).to_pandas()
     nodes = pd.DataFrame({"uid": np.concatenate([e["a"], e["b"]]), "method": np.concatenate([e["method"], e["method"]])})
     return nodes.groupby("uid", as_index=False)["method"].min()
-
-
-REMOVED_META = pd.DataFrame({
-    "uid": pd.Series(dtype="int64"), "id": pd.Series(dtype="string[pyarrow]"),
-    "source": pd.Series(dtype="string[pyarrow]"), "reason": pd.Series(dtype="string[pyarrow]"),
-    "score": pd.Series(dtype="float64"), "threshold": pd.Series(dtype="float64"),
-    "duplicate_of": pd.Series(dtype="int64"), "duplicate_of_id": pd.Series(dtype="string[pyarrow]"),
-    "cluster_size": pd.Series(dtype="int64"), "cluster_id": pd.Series(dtype="int64"),
-})
 
 
 def finish_removed(part: pd.DataFrame, minhash_threshold: float = np.nan, simhash_threshold: float = np.nan) -> pd.DataFrame:

@@ -29,6 +29,16 @@ def dask_client():
     cluster.close()
 
 
+@pytest.fixture
+def step_context(tmp_path, dask_client):
+    """A real StepContext over a fresh run directory and the session's LocalCluster."""
+    from pipeline.config import parse_config
+    from pipeline.rundir import RunDir
+    from pipeline.step import StepContext
+
+    return StepContext(parse_config({}), RunDir(tmp_path / "run"), dask_client, print, {}, {}, {})
+
+
 def write_jsonl(path: Path, records: list, raw_lines: dict | None = None) -> Path:
     """Write records as JSONL; `raw_lines` maps a 0-based position to raw bytes inserted there."""
     raw_lines = raw_lines or {}

@@ -2,7 +2,8 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 
-from stages.exact_dedup import drop_uids_batch, find_exact_duplicates, hash_batch
+from pipeline.steps.dedup.exact import find_duplicates
+from stages.exact_dedup import drop_uids_batch, hash_batch
 
 
 def test_lowest_uid_kept_with_duplicate_of_and_cluster_size(dask_client):
@@ -10,7 +11,7 @@ def test_lowest_uid_kept_with_duplicate_of_and_cluster_size(dask_client):
     df = pd.DataFrame({"uid": list(texts), "id": [f"id{u}" for u in texts], "text": list(texts.values()), "source": "s"})
     parts = [hash_batch(df.iloc[i::3]) for i in range(3)]  # copies spread over partitions
     hashes = dd.from_pandas(pd.concat(parts), npartitions=3)
-    dups = find_exact_duplicates(hashes).compute().sort_values("uid")
+    dups = find_duplicates(hashes).compute().sort_values("uid")
     assert dups["uid"].tolist() == [5, 10, 12]
     assert dups["duplicate_of"].tolist() == [3, 7, 7]
     assert dups["duplicate_of_id"].tolist() == ["id3", "id7", "id7"]

@@ -17,7 +17,8 @@ from simhash import Simhash
 
 from pipeline.config import parse_config
 from pipeline.runner import Pipeline
-from stages.components import components_distributed, components_in_memory
+from pipeline.steps.dedup.clustering import cluster_distributed
+from stages.components import components_in_memory
 from stages.minhash import candidate_probability, optimal_bands, signatures
 from stages.near_dedup import choose_keepers, exact_jaccard
 from stages.shingles import ShingleSpec, shingle_hash32, shingle_hash64, shingle_hashes, shingle_strings
@@ -126,7 +127,7 @@ def test_simhash_buckets_find_pairs_within_k_and_handle_oversized_buckets():
     assert {(i + 3000, i) for i in range(3000)} <= {(int(a), int(b)) for a, b in zip(edges2["a"], edges2["b"])}
 
 
-def test_components_in_memory_and_distributed_agree(dask_client):
+def test_components_in_memory_and_distributed_agree(step_context):
     rng = np.random.default_rng(3)
     a = rng.integers(0, 400, 300) * 11 + 5
     b = rng.integers(0, 400, 300) * 11 + 5
@@ -135,7 +136,7 @@ def test_components_in_memory_and_distributed_agree(dask_client):
     keep = a != b
     a, b = a[keep], b[keep]
     ref = components_in_memory(a, b).sort_values("uid").reset_index(drop=True)
-    got = components_distributed(dd.from_pandas(pd.DataFrame({"a": a, "b": b}), npartitions=3)).compute()
+    got = cluster_distributed(step_context, dd.from_pandas(pd.DataFrame({"a": a, "b": b}), npartitions=3)).compute()
     got = got.sort_values("uid").reset_index(drop=True)[["uid", "root"]].astype("int64")
     assert ref.equals(got)
     assert (ref.groupby("root")["uid"].min() == ref.groupby("root")["uid"].min().index).all()

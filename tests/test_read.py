@@ -290,7 +290,7 @@ def test_truncated_gz_keeps_its_head_and_the_ledger_shows_lost_input_not_one_doc
     assert (q["code"], q["after_line"], q["documents"]) == ("truncated_stream", n, 0)
     assert q["partial_bytes"] > 0 and q["snippet"]
     stats["removed"] = stats.pop("quarantine_reasons")
-    ledger = build_ledger({"read": stats}, ["read"])
+    ledger = build_ledger({"read": stats}, {"read": "quarantined"})
     assert ledger["input"] == n and ledger["quarantined"] == 0 and ledger["kept"] == n
     assert ledger["lost_input"] == {"files": 1, "bytes": 0, "partial_bytes": q["partial_bytes"]}
 

@@ -253,14 +253,14 @@ def test_sigterm_records_interrupted_and_exits_143(tmp_path):
 
 
 
-def test_stage_writers_replace_a_planted_link_instead_of_writing_through_it(tmp_path, dask_client):
+def test_stage_writers_replace_a_planted_link_instead_of_writing_through_it(tmp_path, step_context):
     """Parts, Dask frames and JSONL written inside stage folders go through one descriptor-based
     writer: a link planted at the name is replaced and its target never changes."""
     import dask.dataframe as dd
     import pandas as pd
     import pyarrow as pa
 
-    from stages.base import atomic_file, write_frame_partitions, write_table_atomic
+    from stages.base import atomic_file, write_table_atomic
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -274,7 +274,7 @@ def test_stage_writers_replace_a_planted_link_instead_of_writing_through_it(tmp_
     with atomic_file(folder / "quarantine.jsonl") as f:
         f.write(b'{"line": 1}\n')
     frame = dd.from_pandas(pd.DataFrame({"uid": [1, 2, 3], "score": [0.5, 0.25, 1.0]}), npartitions=2)
-    write_frame_partitions(frame, folder / "removed")
+    step_context.write_partitions(frame, folder / "removed", "removed rows")
     assert victim.read_text() == "precious"
     assert not any(p.is_symlink() for p in folder.rglob("*"))
     assert pq.read_table(folder / "removed").num_rows == 3 and pq.read_table(folder / "part-00000.parquet") == table

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..progress import PROGRESS_FILE
-from ..runner import STAGE_DIRS
+from ..rundir import MARKER, STAGE_DIRS
 from .safefs import read_optional
 
 LOG_NAME = "job.log"
@@ -33,7 +33,7 @@ def _read_json(path: Path) -> Optional[dict]:
 def _markers(out: Path) -> dict[str, dict]:
     found = {}
     for name, folder in STAGE_DIRS.items():
-        marker = _read_json(out / folder / "_DONE.json")
+        marker = _read_json(out / folder / MARKER)
         if marker and isinstance(marker.get("stats"), dict):
             found[name] = marker
     return found

@@ -1,0 +1,61 @@
+"""The plan: which steps a job runs, in which order, each reading which step's parts. The one place
+that knows the order; the runner only executes a plan (docs/ARCHITECTURE.md, "The plan")."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .config import Config
+from .step import Step
+from .steps.dedup.exact import ExactDedupStep
+from .steps.dedup.near import NearDedupStep
+from .steps.export import ExportStep
+from .steps.filter import FilterStep, NormalizeStep
+from .steps.read import ReadStep
+from .steps.shard import ShardStep
+from .steps.tokenize import PackStep, TokenizeStep
+
+JOBS = ("run", "dedup")
+
+
+@dataclass
+class Plan:
+    job: str
+    steps: list[Step]
+    train: bool  # hand the shards to training when the steps are done
+
+    def names(self) -> list[str]:
+        """Every step in order, training included (progress.json lists them up front)."""
+        return [s.name for s in self.steps] + (["train"] if self.train else [])
+
+    def links(self, cfg: Config) -> dict[str, str]:
+        """Each step's link of the resume hash chain: its config sections and what `hash_extra` adds
+        (by default the link before it, so a change upstream reruns everything after it)."""
+        links: dict[str, str] = {}
+        previous: Optional[str] = None
+        for step in self.steps:
+            if not step.resumable:
+                continue
+            previous = cfg.section_hash(*step.config_sections, extra=step.hash_extra(cfg, previous))
+            links[step.name] = previous
+        return links
+
+
+def build_plan(cfg: Config, job: str) -> Plan:
+    """run: read, normalize, filter, dedup, tokenize, pack, shard (then training when enabled).
+    dedup: read, dedup, export (the original text is kept; dedup normalises only for hashing)."""
+    if job not in JOBS:
+        raise ValueError(f"unknown job {job!r}")
+    steps: list[Step] = [ReadStep()]
+    if job == "run":
+        steps += [NormalizeStep(reads="read"), FilterStep(reads="normalize")]
+    normalize_opts = cfg.normalize.model_dump() if job == "dedup" else None
+    if cfg.dedup.exact:
+        steps.append(ExactDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
+    if cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled:
+        steps.append(NearDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
+    last_documents = steps[-1].name
+    if job == "dedup":
+        return Plan(job, steps + [ExportStep(reads=last_documents)], train=False)
+    steps += [TokenizeStep(reads=last_documents), PackStep(reads="tokenize"), ShardStep(reads="pack")]
+    return Plan(job, steps, train=cfg.train.enabled)

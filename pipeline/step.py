@@ -1,0 +1,237 @@
+"""The step contract: what a step declares, what it is given, and what it returns.
+
+A step is one module in `pipeline/steps/` and one line in `pipeline/plan.py`. It declares its name,
+the step whose parts it reads, the config sections that form its link of the resume hash chain,
+whether it counts documents (then the ledger checks it), the counters its stats must hold and the
+outputs later steps may read. The runner calls `Step.execute` with a `StepContext`, which gives the
+step exactly what it may use: the config, the run directory, the Dask client behind `map_parts`,
+`run` and `compute` (all of which report progress), a log, and the finished results of earlier
+steps, read-only. Kernels (`stages/`) never see any of this: a step wires them over partitions.
+See docs/ARCHITECTURE.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, ClassVar, Mapping, Optional
+
+import numpy as np
+import pyarrow.parquet as pq
+from dask import delayed
+
+from stages.base import merge_stats, write_table_atomic
+
+from .config import Config
+from .engine import Progress, run_tasks
+from .executor import run_batch_part
+from .rundir import RunDir
+
+Log = Callable[[str], None]
+
+TEXT_PER_PARQUET_BYTE = 3  # zstd Parquet of text is about a third of the text's size
+
+
+class PipelineError(RuntimeError):
+    """A run could not complete; the message says which step and why, in words a user can act on."""
+
+
+@dataclass
+class StepResult:
+    """What a finished step leaves for the ledger, the report and later steps."""
+
+    stats: dict[str, Any]
+    outputs: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    skipped: bool = False  # finished in an earlier run with the same config hash
+
+    def outputs_json(self) -> dict[str, Any]:
+        """The outputs as the marker and the report keep them (dataclasses as dicts)."""
+        return {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in self.outputs.items()}
+
+
+class Step:
+    """One step of a run. Subclasses set the class attributes and implement `run`."""
+
+    name: ClassVar[str]
+    config_sections: ClassVar[tuple[str, ...]] = ()  # the sections hashed into this step's link
+    counts_documents: ClassVar[bool] = False  # True: docs_in == docs_out + removed, checked by the ledger
+    counters: ClassVar[tuple[str, ...]] = ()  # keys its stats always hold (the ledger, report and service read them)
+    outputs: ClassVar[dict[str, type]] = {}  # what later steps and the report may read, by name and type
+    resumable: ClassVar[bool] = True  # False: no folder of its own, runs every time (the dedup export)
+
+    def __init__(self, reads: Optional[str] = None):
+        self.reads = reads  # the step whose parts this one reads (decided by the plan)
+
+    def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
+        """What besides its config sections makes this step's result differ: by default the link of
+        the step before it, so a change upstream reruns everything downstream."""
+        return previous
+
+    def run(self, ctx: "StepContext", folder: Path) -> StepResult:
+        raise NotImplementedError
+
+    def summary(self, stats: dict[str, Any]) -> str:
+        """One line for the log when the step ends (or is skipped on resume)."""
+        return ", ".join(f"{k} {stats[k]}" for k in self.counters if k in stats)
+
+    def execute(self, ctx: "StepContext", folder: Path) -> StepResult:
+        """`run`, or nothing when the step it reads passed on no document; then the contract is checked."""
+        if self.counts_documents and self.reads and not ctx.stats(self.reads).get("docs_out", 0):
+            ctx.log(f"  no documents left after {self.reads}: nothing to do")
+            result = StepResult({"docs_in": 0, "docs_out": 0, "removed": {}})
+        else:
+            result = self.run(ctx, folder)
+        if self.counts_documents:
+            result.stats.setdefault("removed", {})  # a step that removed nothing may not say so
+        missing = [k for k in self.counters if k not in result.stats]
+        unknown = sorted(set(result.outputs) - set(self.outputs))
+        if missing or unknown:
+            raise PipelineError(f"step {self.name} broke its contract: counters missing {missing}, "
+                                f"undeclared outputs {unknown}")
+        return result
+
+
+DOCUMENT_COUNTERS = ("docs_in", "docs_out", "removed")
+
+
+def docs_summary(s: dict) -> str:
+    removed = s.get("removed") or {}
+    detail = ", ".join(f"{k} {v}" for k, v in sorted(removed.items()))
+    return f"{s.get('docs_in', 0)} docs in -> {s.get('docs_out', 0)} out" + (f" (removed: {detail})" if detail else "")
+
+
+class DocumentStep(Step):
+    """A step that passes documents on: its counts enter the ledger, its removals as `removes`."""
+
+    counts_documents = True
+    counters = DOCUMENT_COUNTERS
+    removes: ClassVar[str] = "filtered"  # or "duplicates", "quarantined" (pipeline/ledger.py)
+
+    def summary(self, stats: dict[str, Any]) -> str:
+        return docs_summary(stats)
+
+
+class StepContext:
+    """What a step may use. Earlier steps' results are read-only; the client is reached only through
+    `map_parts`, `run`, `compute` and `broadcast`, which report progress to the log and progress.json."""
+
+    def __init__(self, cfg: Config, rundir: RunDir, client: Any, log: Log, steps: Mapping[str, Step],
+                 links: Mapping[str, str], results: Mapping[str, StepResult], export_format: str = "parquet"):
+        self.cfg, self.rundir, self.client, self.log = cfg, rundir, client, log
+        self.export_format = export_format
+        self._steps = steps
+        self._links = MappingProxyType(dict(links))
+        self._results = results
+        self.n_workers = max(1, len(client.scheduler_info().get("workers", {})))
+
+    # ---- earlier steps ----------------------------------------------------------------------
+    def link(self, step: str) -> str:
+        """The resume hash of a step of this plan (what its marker must carry to be reused)."""
+        return self._links[step]
+
+    def stats(self, step: str) -> Mapping[str, Any]:
+        return MappingProxyType(self._result(step).stats)
+
+    def output(self, step: str, name: str) -> Any:
+        """An output a finished step declared, as its declared type (a dataclass is rebuilt from the
+        marker's JSON when the step was resumed)."""
+        kind = self._steps[step].outputs[name]
+        value = self._result(step).outputs.get(name)
+        if dataclasses.is_dataclass(kind) and isinstance(value, dict):
+            return kind(**value)
+        return value
+
+    def _result(self, step: str) -> StepResult:
+        if step not in self._results:
+            raise PipelineError(f"a step asked for the result of {step!r}, which has not run in this plan")
+        return self._results[step]
+
+    def parts(self, step: str) -> list[str]:
+        return self.rundir.parts(step)
+
+    # ---- the cluster --------------------------------------------------------------------------
+    def run(self, tasks: list, label: str) -> list:
+        """Compute delayed tasks in order, with a progress line."""
+        return run_tasks(self.client, tasks, label)
+
+    def persist(self, collection: Any, label: str) -> Any:
+        """Materialise a Dask collection (a shuffle, a groupby, a merge) on the workers, with a
+        progress line over its output partitions (and its heartbeat while none finishes) that also
+        reaches progress.json. Returns the persisted collection."""
+        from distributed import as_completed, futures_of
+
+        persisted = self.client.persist(collection)
+        futures = futures_of(persisted)
+        progress = Progress(label, max(1, len(futures)))
+        try:
+            for future in as_completed(futures):
+                if future.status == "error":
+                    future.result()  # raises the task's exception here
+                progress.update()
+            if not futures:
+                progress.update()
+        except BaseException:
+            self.client.cancel(futures)
+            raise
+        finally:
+            progress.close()
+        return persisted
+
+    def compute(self, collections: Any, label: str) -> Any:
+        """`persist` with progress, then the results in the driver (a list for a list)."""
+        single = not isinstance(collections, (list, tuple))
+        persisted = self.persist([collections] if single else list(collections), label)
+        results = self.client.compute(persisted, sync=True)
+        return results[0] if single else results
+
+    def broadcast(self, value: Any) -> Any:
+        """`value` on every worker once (a sorted uid array, a set of line hashes), for tasks to share."""
+        return self.client.scatter(value, broadcast=True, hash=False)
+
+    def write_partitions(self, frame: Any, folder: Path, label: str) -> None:
+        """Each partition of a Dask DataFrame as `folder/part.N.parquet` through the atomic writer (not
+        Dask's own, which opens files by path and would follow a planted link); every part has the
+        frame's schema, empty ones included."""
+        import pyarrow as pa
+
+        schema = pa.Schema.from_pandas(frame._meta, preserve_index=False)
+        tasks = [delayed(_write_partition)(part, schema, str(Path(folder) / f"part.{i}.parquet"))
+                 for i, part in enumerate(frame.to_delayed())]
+        self.run(tasks, label)
+
+    def map_parts(self, step: str, folder: Path, fn: Callable, kwargs: dict, reader: str = "pandas",
+                  split_mb: Optional[float] = None, suffix: str = ".parquet", columns: Optional[list[str]] = None,
+                  label: Optional[str] = None) -> tuple[dict, list]:
+        """Map a batch kernel over the parts of `step` into `folder`. With `split_mb`, a part is cut
+        into row slices of about that much text (estimated from its Parquet size), so a slow kernel
+        spreads evenly over the workers; slice outputs are named so that they sort in the parts' order."""
+        tasks = []
+        for p in self.parts(step):
+            k = 1
+            if split_mb:
+                k = max(1, min(64, math.ceil(os.path.getsize(p) * TEXT_PER_PARQUET_BYTE / (split_mb * 2**20))))
+            if k == 1:
+                tasks.append(delayed(run_batch_part)(fn, p, str(folder), reader, kwargs, suffix=suffix, columns=columns))
+                continue
+            n = pq.ParquetFile(p).metadata.num_rows
+            bounds = np.linspace(0, n, k + 1).astype(int)
+            stem = Path(p).stem
+            for i in range(k):
+                tasks.append(delayed(run_batch_part)(fn, p, str(folder), reader, kwargs,
+                                                     (int(bounds[i]), int(bounds[i + 1])), f"{stem}-s{i:02d}{suffix}",
+                                                     columns=columns))
+        results = self.run(tasks, label or folder.name)
+        total: dict = {}
+        for r in results:
+            merge_stats(total, r["stats"])
+        return total, results
+
+
+def _write_partition(df: Any, schema: Any, path: str) -> None:
+    import pyarrow as pa
+
+    write_table_atomic(pa.Table.from_pandas(df, schema=schema, preserve_index=False), Path(path))

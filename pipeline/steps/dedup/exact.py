@@ -1,0 +1,53 @@
+"""exact_dedup: documents whose normalised text hashes equal to a lower uid's are removed.
+
+Find apart from remove: the hashes of every part are shuffled on the hash so every copy of a text
+meets in one partition (bounded memory per worker), the duplicates found there are written as
+removed rows, then a second pass copies the parts without them."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import dask.dataframe as dd
+
+from stages import exact_dedup
+from stages.base import REMOVED_META
+
+from ...config import Config
+from ...step import DocumentStep, StepContext, StepResult
+from . import removal
+
+
+class ExactDedupStep(DocumentStep):
+    name = "exact_dedup"
+    removes = "duplicates"
+    config_sections = ("dedup",)
+    outputs = {"examples": list}
+
+    def __init__(self, reads: str, normalize_opts: Optional[dict]):
+        super().__init__(reads)
+        self.normalize_opts = normalize_opts  # a dedup job keeps the original text: normalise only for hashing
+
+    def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
+        return [previous, "exact", self.normalize_opts]
+
+    def run(self, ctx: StepContext, folder: Path) -> StepResult:
+        parts = ctx.parts(self.reads)
+        hashes = dd.from_map(exact_dedup.hash_file, parts, normalize=self.normalize_opts, meta=exact_dedup.HASH_META,
+                             enforce_metadata=False)
+        ctx.write_partitions(find_duplicates(hashes), folder / "removed", "exact_dedup: grouping hashes across partitions (Dask shuffle)")
+        files = sorted(str(p) for p in (folder / "removed").glob("*.parquet"))
+        drop = removal.removed_uids(files)
+        stats = removal.remove_documents(ctx, self.reads, folder, drop, "exact", "exact_dedup: remove")
+        outputs = {}
+        if len(drop):
+            outputs["examples"] = removal.examples(files, ("id", "duplicate_of_id", "cluster_size"))
+        removal.attach_texts(ctx, folder, self.reads)
+        return StepResult(stats, outputs)
+
+
+def find_duplicates(hashes: Any) -> Any:
+    """Lazy Dask frame of the removed rows: documents whose hash occurs at a lower uid. One shuffle
+    on the hash puts every copy of a text in the same partition; the grouping there is pandas."""
+    grouped = hashes.shuffle(on=["h_hi", "h_lo"], npartitions=max(1, hashes.npartitions))
+    return grouped.map_partitions(exact_dedup.duplicates_in_group, meta=REMOVED_META)

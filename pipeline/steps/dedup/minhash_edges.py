@@ -1,0 +1,107 @@
+"""Near dedup phase: MinHash LSH candidate pairs, checked by the signatures' estimate and then (with
+`dedup.minhash.verify`) by the exact Jaccard of the two shingle sets."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+from dask import delayed
+
+from stages import minhash, near_dedup
+
+from ...step import PipelineError, StepContext
+
+METHOD = 0  # edge method code: MinHash edges win over SimHash ones when both reach a document
+
+
+def lsh_shape(ctx: StepContext) -> tuple[int, int]:
+    """(bands, rows): the configured ones, or the recall-tuned choice for the threshold."""
+    mc = ctx.cfg.dedup.minhash
+    bands, rows = mc.bands, mc.rows
+    if bands is None or rows is None:
+        bands, rows = minhash.optimal_bands(mc.threshold, mc.num_perm, mc.verify)
+    if bands * rows > mc.num_perm:
+        raise PipelineError(f"dedup.minhash.bands x rows = {bands * rows} exceeds num_perm {mc.num_perm}")
+    return bands, rows
+
+
+def minhash_edges(ctx: StepContext, sig_paths: list[str], parts: list[str], spec: near_dedup.SignatureSpec,
+                  stats: dict[str, Any]) -> Any:
+    """A lazy Dask frame of verified MinHash edges (a, b, similarity, method)."""
+    mc = ctx.cfg.dedup.minhash
+    nparts = max(1, len(parts))
+    budget = ctx.cfg.dedup.components_memory_mb << 20
+    bands, rows = lsh_shape(ctx)
+    ctx.log(f"  near_dedup: MinHash LSH, {bands} bands x {rows} rows (threshold {mc.threshold})")
+    stats["minhash_bands"], stats["minhash_rows"] = bands, rows
+    buckets = dd.from_map(near_dedup.minhash_band_part, sig_paths, bands=bands, rows=rows,
+                          meta=minhash.BAND_META, enforce_metadata=False)
+    cand = buckets.shuffle(on="band_key", npartitions=nparts).map_partitions(minhash.bucket_edges, meta=minhash.EDGE_META)
+    cand = cand.shuffle(on="a", npartitions=nparts).map_partitions(lambda p: p.drop_duplicates(), meta=minhash.EDGE_META)
+    cand = ctx.persist(cand, "near_dedup: LSH buckets -> candidate pairs (Dask shuffles)")
+    n_cand = int(cand.map_partitions(len).compute().sum())
+    threshold = mc.threshold if mc.verify else None
+    # first the signatures' estimate; with verification on, only pairs it puts within 5 standard
+    # deviations of the threshold go on to the exact check (a cheap filter that loses no true pair)
+    floor = minhash.estimate_floor(threshold, mc.num_perm) if threshold is not None else None
+    if n_cand * (8 * mc.num_perm + 16) <= budget:
+        verified = _estimate_in_memory(ctx, cand, sig_paths, floor)
+    else:
+        verified = _estimate_distributed(ctx, cand, sig_paths, floor)
+    if threshold is not None:
+        verified = _exact_check(ctx, verified, parts, spec, threshold, n_cand, stats)
+    stats["minhash_candidates"] = n_cand
+    return verified.assign(method=np.int8(METHOD))
+
+
+def _estimate_in_memory(ctx: StepContext, cand: Any, sig_paths: list[str], floor: Optional[float]) -> Any:
+    """The signatures' Jaccard estimate of every candidate pair, in the driver (they fit the budget)."""
+    pairs = cand.compute()
+    endpoints = np.unique(np.concatenate([pairs["a"].to_numpy(), pairs["b"].to_numpy()]))
+    sigs = rows_for_uids(ctx, sig_paths, endpoints, ["uid", "minhash"], "near_dedup: fetch candidate signatures")
+    uids, matrix = near_dedup.signature_lookup(sigs, "minhash")
+    sim = minhash.signature_jaccard(near_dedup.lookup(uids, matrix, pairs["a"].to_numpy()),
+                                    near_dedup.lookup(uids, matrix, pairs["b"].to_numpy()))
+    verified = pd.DataFrame({"a": pairs["a"].to_numpy(), "b": pairs["b"].to_numpy(), "similarity": sim})
+    if floor is not None:
+        verified = verified[verified["similarity"] >= floor]
+    return dd.from_pandas(verified.reset_index(drop=True), npartitions=1)
+
+
+def _estimate_distributed(ctx: StepContext, cand: Any, sig_paths: list[str], floor: Optional[float]) -> Any:
+    """The same estimate with both signatures joined onto the pairs on the workers."""
+    sig_a = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "minhash"],
+                        rename={"uid": "a", "minhash": "sig_a"}, enforce_metadata=False)
+    sig_b = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "minhash"],
+                        rename={"uid": "b", "minhash": "sig_b"}, enforce_metadata=False)
+    joined = cand.merge(sig_a, on="a").merge(sig_b, on="b").map_partitions(
+        near_dedup.verify_minhash_edges, floor, meta=near_dedup.VERIFIED_META)
+    return ctx.persist(joined, "near_dedup: signature estimate of the candidate pairs")
+
+
+def _exact_check(ctx: StepContext, verified: Any, parts: list[str], spec: near_dedup.SignatureSpec, threshold: float,
+                 n_cand: int, stats: dict[str, Any]) -> Any:
+    """The true Jaccard of the two shingle sets, from the endpoints' texts only."""
+    plausible = verified[["a", "b"]]
+    ends = dd.concat([plausible[["a"]].rename(columns={"a": "u"}), plausible[["b"]].rename(columns={"b": "u"})])
+    endpoints = np.unique(ctx.compute(ends["u"].unique(), "near_dedup: documents to verify").to_numpy()).astype(np.int64)
+    ends_future = ctx.broadcast(endpoints)
+    text_meta = pd.DataFrame({"uid": pd.Series(dtype="int64"), "text": pd.Series(dtype=object)})
+    # the endpoints' texts are read once (both sides of the merge share these tasks)
+    texts = dd.from_delayed([delayed(near_dedup.texts_for_uids)(p, ends_future, spec.normalize) for p in parts],
+                            meta=text_meta, verify_meta=False)
+    n_plausible = int(plausible.map_partitions(len).compute().sum())
+    stats["minhash_exact_checks"] = n_plausible
+    ctx.log(f"  near_dedup: {n_cand} candidate pairs, {n_plausible} within reach of the threshold by "
+            f"their signatures: verifying those by exact Jaccard ({len(endpoints)} documents)")
+    return plausible.merge(texts.rename(columns={"uid": "a", "text": "text_a"}), on="a").merge(
+        texts.rename(columns={"uid": "b", "text": "text_b"}), on="b").map_partitions(
+        near_dedup.verify_exact_edges, spec.minhash, threshold, meta=near_dedup.VERIFIED_META)
+
+
+def rows_for_uids(ctx: StepContext, sig_paths: list[str], uids: np.ndarray, fields: list[str], label: str) -> list:
+    """The signature rows of the given documents, from every signature part."""
+    uids_future = ctx.broadcast(np.sort(uids))
+    return ctx.run([delayed(near_dedup.rows_for_uids)(p, uids_future, fields) for p in sig_paths], label)

@@ -1,0 +1,158 @@
+"""The last phase of every dedup step: drop the found duplicates from the parts, give each audit row
+the removed text, and summarise the clusters for the report."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+from dask import delayed
+
+from stages import exact_dedup, near_dedup
+from stages.base import REMOVED_META, merge_stats
+
+from ...executor import attach_removed_text, removed_texts, run_batch_part
+from ...step import StepContext
+
+
+def removed_uids(files: list[str]) -> np.ndarray:
+    """The sorted uids of a step's removed rows."""
+    if not files:
+        return np.empty(0, np.int64)
+    return np.sort(pq.read_table(files, columns=["uid"]).column("uid").to_numpy())
+
+
+def remove_documents(ctx: StepContext, source: str, folder: Path, drop: np.ndarray, reason: Optional[str],
+                     label: str) -> dict[str, Any]:
+    """Copy the parts of `source` into `folder` without the uids in `drop` (sorted); counted under
+    `reason` (None: the caller counts removals by their own reasons)."""
+    drop_future = ctx.broadcast(drop)
+    kwargs: dict[str, Any] = {"drop_sorted": drop_future}
+    if reason is None:
+        kwargs["reason"] = None
+    tasks = [delayed(run_batch_part)(exact_dedup.drop_uids_batch, p, str(folder), "pandas", kwargs)
+             for p in ctx.parts(source)]
+    stats: dict = {}
+    for r in ctx.run(tasks, label):
+        merge_stats(stats, r["stats"])
+    return stats
+
+
+def attach_texts(ctx: StepContext, folder: Path, source: str) -> None:
+    """Each removed duplicate's audit row (FOLDER/removed/) gets its text, cut to
+    dedup.audit_text_chars, read from the step's input parts, so checking what was removed needs
+    no join by id."""
+    chars = ctx.cfg.dedup.audit_text_chars
+    files = sorted(str(p) for p in (folder / "removed").glob("*.parquet"))
+    if chars == 0 or not files:
+        return
+    uids = np.unique(pq.read_table(files, columns=["uid"]).column("uid").to_numpy())
+    wanted = ctx.broadcast(uids)
+    texts: dict = {}
+    for found in ctx.run([delayed(removed_texts)(p, wanted, chars) for p in ctx.parts(source)],
+                         f"{folder.name}: removed texts"):
+        texts.update(found)
+    for f in files:
+        attach_removed_text(f, texts)
+
+
+def examples(files: list[str], columns: tuple[str, ...], n: int = 10) -> list[dict]:
+    """The first removed rows of `files`, for the report."""
+    rows = pq.read_table(files).slice(0, n).to_pylist() if files else []
+    return [{k: r[k] for k in columns} for r in rows]
+
+
+# ---- near duplicates: which document each cluster keeps, and why the others go ---------------
+
+def _thresholds(ctx: StepContext) -> tuple[float, float]:
+    from .simhash_edges import similarity
+
+    dc = ctx.cfg.dedup
+    return dc.minhash.threshold, similarity(dc.simhash.max_distance)
+
+
+def near_removed_in_memory(ctx: StepContext, labels: pd.DataFrame, edge_files: list[str], sig_paths: list[str],
+                           parts: list[str], spec: near_dedup.SignatureSpec) -> pd.DataFrame:
+    """Keepers, reasons and similarities when the clustered documents fit in memory. With MinHash
+    verification on, a MinHash-removed document's score is its true Jaccard to the kept one."""
+    from .minhash_edges import rows_for_uids
+
+    dc = ctx.cfg.dedup
+    if labels.empty:
+        return REMOVED_META.copy()
+    nodes = labels["uid"].to_numpy()
+    sig_col = "minhash" if dc.minhash.enabled else "simhash"
+    rows = pd.concat(rows_for_uids(ctx, sig_paths, nodes, ["uid", "id", "source", "n_chars", "keep_key", sig_col],
+                                   "near_dedup: fetch clustered documents"), ignore_index=True)
+    clusters = labels.merge(rows.drop(columns=[sig_col]), on="uid")
+    removed = near_dedup.choose_keepers(clusters, dc.keep, dc.keep_order)
+    methods = pd.concat([near_dedup.node_methods(f) for f in edge_files], ignore_index=True)
+    removed = removed.merge(methods.groupby("uid", as_index=False)["method"].min(), on="uid", how="left")
+    uids, values = near_dedup.signature_lookup([rows[["uid", sig_col]]], sig_col)
+
+    def signatures_of(which: np.ndarray) -> Any:
+        found = near_dedup.lookup(uids, values, which)
+        return list(found) if sig_col == "minhash" else found.view(np.int64)
+
+    removed["sig_a"] = signatures_of(removed["uid"].to_numpy())
+    removed["sig_b"] = signatures_of(removed["duplicate_of"].to_numpy())
+    out = near_dedup.finish_removed(removed, *_thresholds(ctx))
+    by_minhash = (out["reason"] == "minhash").to_numpy()
+    if dc.minhash.enabled and dc.minhash.verify and parts and spec.minhash is not None and by_minhash.any():
+        a, b = out["uid"].to_numpy()[by_minhash], out["duplicate_of"].to_numpy()[by_minhash]
+        want = np.unique(np.concatenate([a, b]))
+        future = ctx.broadcast(want)
+        texts = pd.concat(ctx.run([delayed(near_dedup.texts_for_uids)(p, future, spec.normalize) for p in parts],
+                                  "near_dedup: similarity to the kept documents"), ignore_index=True).sort_values("uid")
+        uids, values = texts["uid"].to_numpy(), np.asarray(texts["text"].tolist(), dtype=object)
+        exact = near_dedup.verify_pairs_exact(a, b, list(near_dedup.lookup(uids, values, a)),
+                                              list(near_dedup.lookup(uids, values, b)), spec.minhash, None)
+        out.loc[by_minhash, "score"] = exact["similarity"].to_numpy()
+    return out
+
+
+def near_removed_distributed(ctx: StepContext, labels: Any, edge_files: list[str], sig_paths: list[str],
+                             nparts: int) -> Any:
+    """The same rows as `near_removed_in_memory` (similarity: the signatures' estimate), as a lazy
+    Dask frame: clusters are shuffled on their root so each is whole in one partition."""
+    dc = ctx.cfg.dedup
+    attrs = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "id", "source", "n_chars", "keep_key"],
+                        enforce_metadata=False)
+    nodes = labels.merge(attrs, on="uid", how="inner")
+    removed = nodes.shuffle(on="root", npartitions=nparts).map_partitions(
+        near_dedup.choose_keepers, dc.keep, dc.keep_order, meta=near_dedup.CLUSTER_META)
+    method = dd.from_map(near_dedup.node_methods, edge_files or [None], enforce_metadata=False)
+    removed = removed.merge(method, on="uid", how="left")
+    sig = "minhash" if dc.minhash.enabled else "simhash"
+    su = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", sig], rename={sig: "sig_a"},
+                     enforce_metadata=False)
+    sk = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", sig],
+                     rename={"uid": "duplicate_of", sig: "sig_b"}, enforce_metadata=False)
+    return removed.merge(su, on="uid").merge(sk, on="duplicate_of").map_partitions(
+        near_dedup.finish_removed, *_thresholds(ctx), meta=REMOVED_META)
+
+
+def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, Any]) -> dict[str, Any]:
+    """Remove what the near-duplicate search found, repoint exact duplicates of removed documents to
+    their keeper, and summarise the clusters. Returns the report's examples."""
+    files = sorted(str(p) for p in (folder / "removed").glob("*.parquet"))
+    table = pq.read_table(files, columns=["uid", "reason", "cluster_id", "cluster_size"]) if files else None
+    drop = np.sort(table.column("uid").to_numpy()) if table is not None else np.empty(0, np.int64)
+    stats["docs_out"] = remove_documents(ctx, source, folder, drop, None, "near_dedup: remove").get("docs_out", 0)
+    reasons = table.column("reason").to_pandas().value_counts().to_dict() if table is not None else {}
+    stats["removed"] = {str(k): int(v) for k, v in reasons.items()}
+    exact_files = ctx.rundir.removed_files("exact_dedup")
+    if exact_files:  # an exact duplicate of a document removed here names that document's keeper
+        near = (pq.read_table(files, columns=["uid", "duplicate_of", "duplicate_of_id"]).to_pandas()
+                if files else pd.DataFrame({"uid": [], "duplicate_of": [], "duplicate_of_id": []}))
+        stats["exact_repointed"] = near_dedup.repoint_exact_removed(exact_files, near)
+    if table is None or not table.num_rows:
+        return {}
+    sizes = table.to_pandas().drop_duplicates("cluster_id")["cluster_size"]
+    stats["clusters"] = int(len(sizes))
+    stats["largest_cluster"] = int(sizes.max())
+    stats["cluster_sizes"] = {str(k): int(v) for k, v in sizes.value_counts().sort_index().items()}
+    return {"examples": examples(files[:1], ("id", "duplicate_of_id", "cluster_size", "reason", "score"))}

@@ -1,0 +1,146 @@
+"""normalize and filter: text cleaned in place, then boilerplate lines, quality scores and the
+keep/drop decision (scoring apart from deciding: a changed threshold reruns only the decision)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.parquet as pq
+from dask import delayed
+
+from stages import boilerplate, filters, normalize, quality
+from stages.base import merge_stats, write_json_atomic, write_table_atomic
+
+from ..executor import run_batch_part
+from ..progress import utc_now
+from ..step import DocumentStep, StepContext, StepResult
+
+TOP_BOILERPLATE_LINES = 20  # the most frequent removed boilerplate lines the report lists, with their text
+SCORES_MARKER = "_DONE.json"
+
+
+class NormalizeStep(DocumentStep):
+    name = "normalize"
+    config_sections = ("normalize",)
+
+    def run(self, ctx: StepContext, folder: Path) -> StepResult:
+        stats, _ = ctx.map_parts(self.reads, folder, normalize.normalize_batch, ctx.cfg.normalize.model_dump())
+        return StepResult(stats)
+
+
+class FilterStep(DocumentStep):
+    """Boilerplate lines, then quality scores, then the keep/drop decision. Lines and scores are
+    cached beside the step (02-filter.scores/) under a hash of what they depend on."""
+
+    name = "filter"
+    config_sections = ("filter",)
+    outputs = {"examples": dict, "rules": list, "scores_dir": str}
+
+    def run(self, ctx: StepContext, folder: Path) -> StepResult:
+        fc = ctx.cfg.filter
+        parts = ctx.parts(self.reads)
+        score_options = {"cjk_share": fc.scripts.cjk_share, "cjk_ngram_scale": fc.gopher_repetition.cjk_ngram_scale,
+                         "short_line_chars": fc.c4.short_line_chars, "short_line_chars_cjk": fc.c4.short_line_chars_cjk}
+        cache = ctx.rundir.scores_cache(self.name)
+        scoring_hash = ctx.cfg.section_hash(extra=[ctx.link(self.reads), fc.boilerplate_lines.model_dump(), score_options,
+                                                   quality.SCORES_VERSION])
+        marker = cache / SCORES_MARKER
+        reuse = fc.keep_scores and marker.is_file() and json.loads(marker.read_text())["scoring_hash"] == scoring_hash
+        if not reuse and cache.exists():
+            shutil.rmtree(cache)
+        cache.mkdir(exist_ok=True)
+        drop_lines, line_stats = boilerplate_lines(ctx, parts, cache, reuse)
+        drop_future = ctx.broadcast(drop_lines) if drop_lines else None
+        rules = quality.rule_table(fc)
+        tasks = []
+        for p in parts:
+            kwargs = {"rules": rules, "drop_lines": drop_future, "keep_scripts": fc.scripts.keep,
+                      "min_script_share": fc.scripts.min_share, "score_options": score_options,
+                      "audit_text_chars": fc.audit_text_chars,
+                      "name_lines": sorted({t["hash"] for t in line_stats.get("top", [])}),
+                      "scores_path": str(cache / Path(p).name) if fc.keep_scores else None, "reuse_scores": reuse}
+            tasks.append(delayed(run_batch_part)(filters.filter_batch, p, str(folder), "pandas", kwargs))
+        results = ctx.run(tasks, folder.name + ": " + ("decide (scores reused)" if reuse else "score + decide"))
+        stats: dict = {}
+        for r in results:
+            merge_stats(stats, r["stats"])
+        if fc.keep_scores and not reuse:
+            write_json_atomic(marker, {"scoring_hash": scoring_hash, "finished_utc": utc_now()})
+        stats["scores_reused"] = bool(reuse)
+        texts = stats.pop("boilerplate_line_texts", {})
+        times = stats.pop("boilerplate_line_removed", {})
+        for t in line_stats.get("top", []):  # the most frequent removed lines, as text, for the report
+            t["line"], t["removed"] = texts.get(str(t["hash"])), int(times.get(str(t["hash"]), 0))
+        line_stats.get("top", []).sort(key=lambda t: (-t["removed"], -t["docs"]))
+        stats["boilerplate_lines"] = line_stats
+        outputs = {
+            "examples": removed_examples(folder / "removed", ctx.rundir.folder(self.reads)),
+            "rules": [{"reason": name, "column": col, "kind": kind, "threshold": limit, "applies_to": applies,
+                       "guard": list(guard) if guard else None} for name, col, kind, limit, applies, guard in rules],
+            "scores_dir": str(cache) if fc.keep_scores else None,
+        }
+        return StepResult(stats, outputs)
+
+
+def boilerplate_lines(ctx: StepContext, parts: list[str], cache: Path, reuse: bool) -> tuple[dict, dict]:
+    """{source: set of line hashes} to remove: lines in at least `min_docs` documents and
+    `min_doc_share` of their source's documents, counted with a Dask groupby over the corpus."""
+    import dask.dataframe as dd
+
+    bc = ctx.cfg.filter.boilerplate_lines
+    if not bc.enabled:
+        return {}, {"enabled": False}
+    path = cache / "boilerplate_lines.parquet"
+    if not (reuse and path.is_file()):
+        meta = pd.DataFrame({"source": pd.Series(dtype="string"), "hash": pd.Series(dtype="int64"),
+                             "docs": pd.Series(dtype="int64")})
+        counted = dd.from_map(boilerplate.count_lines_part, parts, min_width=bc.min_width, meta=meta,
+                              enforce_metadata=False)
+        totals = counted.groupby(["source", "hash"])["docs"].sum(split_out=max(1, len(parts) // 4))
+        per_source = totals[totals < 0]  # hash 0 rows carry -(documents of the source)
+        frequent = totals[totals >= bc.min_docs]
+        source_docs, frequent = ctx.compute([per_source, frequent], "02-filter: counting lines across the corpus")
+        source_docs = (-source_docs).reset_index().groupby("source")["docs"].sum()
+        frequent = frequent.reset_index()
+        need = np.maximum(bc.min_docs, bc.min_doc_share * frequent["source"].map(source_docs).to_numpy(dtype=float))
+        chosen = frequent[(frequent["docs"].to_numpy() >= need) & (frequent["hash"].to_numpy() != 0)]
+        write_table_atomic(pa.Table.from_pandas(chosen.reset_index(drop=True), preserve_index=False), path)
+    chosen = pq.read_table(path).to_pandas()
+    drop = {str(s): set(g["hash"].tolist()) for s, g in chosen.groupby("source")}
+    top = chosen.sort_values(["docs", "source", "hash"], ascending=[False, True, True]).head(TOP_BOILERPLATE_LINES)
+    stats = {"enabled": True, "distinct_lines": int(len(chosen)),
+             "by_source": {s: len(v) for s, v in sorted(drop.items(), key=lambda kv: -len(kv[1]))[:20]},
+             "top": [{"source": str(s), "hash": int(h), "docs": int(d)}
+                     for s, h, d in zip(top["source"], top["hash"], top["docs"])]}
+    ctx.log(f"  filter: {len(chosen)} boilerplate lines in {len(drop)} sources")
+    return drop, stats
+
+
+def removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3) -> dict:
+    """A few removed documents per reason (every reason, from all parts), with the first 300
+    characters of their text."""
+    files = sorted(removed_dir.glob("*.parquet"))
+    if not files:
+        return {}
+    removed = pd.concat([pq.read_table(str(f), columns=["uid", "id", "reason", "score"]).to_pandas() for f in files],
+                        ignore_index=True)
+    picked = removed.groupby("reason").head(per_reason)
+    want = set(picked["uid"].tolist())
+    texts: dict[int, str] = {}
+    for f in sorted(text_dir.glob("part-*.parquet")):
+        t = pq.read_table(f, columns=["uid", "text"])
+        mask = pa.compute.is_in(t.column("uid"), value_set=pa.array(sorted(want), type=pa.int64()))
+        for row in t.filter(mask).to_pylist():
+            texts[row["uid"]] = row["text"][:300]
+        if len(texts) == len(want):
+            break
+    out: dict = {}
+    for row in picked.itertuples():
+        out.setdefault(row.reason, []).append({"id": row.id, "score": row.score, "text": texts.get(int(row.uid), "")})
+    return out
+

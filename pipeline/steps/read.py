@@ -1,0 +1,67 @@
+"""read: input files -> Parquet parts of documents, bad records quarantined with file, line and reason."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from dask import delayed
+
+from stages import read
+from stages.base import atomic_file, merge_stats
+
+from ..config import Config
+from ..step import DocumentStep, StepContext, StepResult
+
+QUARANTINE_FILE = "quarantine.jsonl"
+
+
+class ReadStep(DocumentStep):
+    name = "read"
+    removes = "quarantined"
+    config_sections = ("input",)
+    counters = ("docs_in", "docs_out", "removed", "quarantined", "input_files")
+    outputs = {"quarantine_examples": list}
+
+    def __init__(self) -> None:
+        super().__init__(reads=None)
+        self.files: list[str] = []
+
+    def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
+        """The input files themselves: name, size and mtime (expanded here, before any work, so a
+        missing or unreadable input is an error before the cluster starts)."""
+        self.files = read.expand_inputs(cfg.input.paths)
+        return [(read.display_path(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in self.files]
+
+    def run(self, ctx: StepContext, folder: Path) -> StepResult:
+        ic = ctx.cfg.input
+        units, to_count = read.plan_units(self.files, int(ic.block_size_mb * 2**20), int(ic.part_size_mb * 2**20))
+        if to_count:
+            counts = ctx.run([delayed(read.count_block_lines)(s.path, s.start, s.end) for s in to_count], "count lines")
+            running: dict[int, int] = {}
+            for seg, n in zip(to_count, counts):
+                seg.first_line = running.get(seg.file_index, 0) + 1
+                running[seg.file_index] = running.get(seg.file_index, 0) + n
+        opts = read.ReadOptions(ic.text_field, ic.id_field, ic.source_field, int(ic.part_size_mb * 2**20),
+                                sample=ic.sample, sample_seed=ic.sample_seed, on_error=ic.on_error)
+        results = ctx.run([delayed(read.read_unit)(u, opts, str(folder)) for u in units], "read")
+        stats: dict = {}
+        with atomic_file(folder / QUARANTINE_FILE) as q:
+            for r in results:
+                merge_stats(stats, r["stats"])
+                for rec in r["quarantine"]:  # the reader writes paths, reasons and snippets as valid UTF-8
+                    q.write((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
+        for key in ("docs_in", "docs_out", "quarantined"):
+            stats.setdefault(key, 0)
+        stats["input_files"] = len(self.files)
+        stats["removed"] = dict(stats.pop("quarantine_reasons", {}))
+        lost = stats.get("lost_input") or {}
+        if lost.get("files"):
+            ctx.log(f"  read: {lost['files']} damaged file(s): their unreadable rest ({lost['bytes']:,} file bytes "
+                    f"+ {lost['partial_bytes']:,} bytes of incomplete records) is lost input, outside the document "
+                    f"count; see {folder / QUARANTINE_FILE} (rows with lost_input)")
+        if stats.get("docs_out", 0) == 0:
+            ctx.log("  read: no document survived reading (every record was quarantined or the input holds none)")
+        examples = [rec for r in results for rec in r["quarantine"]][:20]
+        return StepResult(stats, {"quarantine_examples": examples})

@@ -1,0 +1,111 @@
+"""shard: packed windows -> per-rank MindRecord files (shuffled by a seed, equal per rank) with a
+manifest, the tokenizer and a mindformers dataset snippet. Files are written into `shards.tmp/` and
+the folder is renamed to `shards/` when all are written and checked (a MindRecord file itself can
+never be renamed)."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+from dask import delayed
+
+from stages import manifest, shard
+from stages.base import write_json_atomic, write_text_atomic
+
+from .. import __version__
+from ..progress import utc_now
+from ..rundir import SHARDS_STAGING
+from ..step import PipelineError, Step, StepContext, StepResult
+
+
+class ShardStep(Step):
+    name = "shard"
+    config_sections = ("shard",)
+    counters = ("samples", "files", "samples_per_rank", "dropped_samples", "bytes", "tokens")
+
+    def summary(self, s: dict) -> str:
+        return (f"{s['samples']} samples in {s['files']} files ({s['samples_per_rank']} per rank, "
+                f"{s['dropped_samples']} dropped), {s['bytes'] / 1e6:.1f} MB")
+
+    def run(self, ctx: StepContext, folder: Path) -> StepResult:
+        sc, window = ctx.cfg.shard, ctx.cfg.pack.seq_length + 1
+        labels = ctx.cfg.pack.mode != "concat"  # windows that can hold padding carry masked labels
+        parts = ctx.parts(self.reads)
+        counts = [shard.count_windows(p) for p in parts]
+        total = int(sum(counts))
+        try:
+            plan = shard.plan_shards(total, sc.ranks, sc.files_per_rank, sc.remainder)
+        except shard.ShardError as e:
+            raise PipelineError(str(e)) from None
+        staging = ctx.rundir.file(SHARDS_STAGING)
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+        names = [shard.file_name(sc.layout, *plan.file_of(i), sc.files_per_rank, sc.ranks) for i in range(plan.files)]
+        tasks = [delayed(shard.gather_and_write)(parts, counts, sc.seed, plan.file_bounds[i], plan.file_bounds[i + 1],
+                                                 plan.used, str(staging / name), window, sc.write_batch, labels, sc.verify,
+                                                 dask_key_name=f"shard-write-{i}")
+                 for i, name in enumerate(names)]
+        balance = (f"{plan.dropped} dropped" if sc.remainder == "drop" else f"{plan.repeated} repeated") + " for equal ranks"
+        ctx.log(f"  shard: {total} samples -> {sc.ranks} ranks x {plan.per_rank} samples ({balance}), "
+                f"{plan.files} MindRecord files, layout {sc.layout}")
+        setup_s = self._warm_up_writers(ctx)
+        started = time.perf_counter()
+        try:
+            written = ctx.run(tasks, f"shard: shuffle + write + {sc.verify} check")
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # half-written MindRecord files are never resumed
+            raise
+        write_s = time.perf_counter() - started
+        task_seconds = sum(w.pop("task_seconds") for w in written)
+        files = [{"path": name, "rank": plan.file_of(i)[0] if sc.layout == "per_rank" else None, **w}
+                 for i, (name, w) in enumerate(zip(names, written))]
+        self._check_balance(files, plan, sc)
+        tok = ctx.output("tokenize", "tokenizer")
+        shutil.copyfile(tok.path, staging / "tokenizer.model")
+        doc = manifest.build(
+            version=__version__, config_hash=ctx.link(self.name), created_utc=utc_now(), seq_length=ctx.cfg.pack.seq_length,
+            tokenizer=tok.__dict__, add_bos=ctx.cfg.tokenizer.add_bos, add_eos=ctx.cfg.tokenizer.add_eos, labels=labels,
+            pack_mode=ctx.cfg.pack.mode, layout=sc.layout, ranks=sc.ranks, files_per_rank=sc.files_per_rank,
+            samples_per_rank=plan.per_rank, total_samples=plan.used, dropped=plan.dropped, repeated=plan.repeated,
+            remainder=sc.remainder, shuffle_seed=sc.seed, files=files)
+        write_text_atomic(staging / "mindformers_train_dataset.yaml", shard.mindformers_snippet(
+            str(folder.resolve()), sc.layout, window, ["input_ids", "labels"] if labels else ["input_ids"],
+            tok.eos_id if ctx.cfg.pack.mode != "pad" and ctx.cfg.tokenizer.add_eos else None))
+        write_json_atomic(staging / manifest.MANIFEST_NAME, doc)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)  # rename the folder, never the MindRecord files
+        return StepResult({
+            "windows_in": total,
+            "samples": plan.used,
+            "samples_per_rank": plan.per_rank,
+            "dropped_samples": plan.dropped,
+            "repeated_samples": plan.repeated,
+            "files": plan.files,
+            "layout": sc.layout,
+            "writer_setup_s": round(setup_s, 3),
+            "task_seconds": task_seconds,
+            "payload_bytes_per_sample": window * 4 * (2 if labels else 1),
+            "write_s": round(write_s, 3),
+            "tokens": doc["total_tokens"],
+            "bytes": sum(x["bytes"] for x in files),
+        })
+
+    @staticmethod
+    def _warm_up_writers(ctx: StepContext) -> float:
+        """Import the MindRecord writer on every worker once, before the write tasks; the seconds
+        (the slowest worker) are reported apart from the writing."""
+        started = time.perf_counter()
+        ctx.client.run(shard.warm_up_writer)
+        return time.perf_counter() - started
+
+    @staticmethod
+    def _check_balance(files: list[dict], plan: shard.ShardPlan, sc) -> None:
+        written_total = sum(x["samples"] for x in files)
+        per_rank = {r: sum(x["samples"] for x in files if x["rank"] == r) for r in range(sc.ranks)}
+        if written_total != plan.used or (sc.layout == "per_rank" and set(per_rank.values()) != {plan.per_rank}):
+            raise PipelineError(f"shards hold {written_total} samples ({per_rank} per rank), planned "
+                                f"{sc.ranks} x {plan.per_rank}")
