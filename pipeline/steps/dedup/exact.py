@@ -6,30 +6,20 @@ removed rows, then a second pass copies the parts without them."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import dask.dataframe as dd
 
 from stages import exact_dedup
 from stages.base import REMOVED_META
 
-from ...config import Config
-from ...step import DocumentStep, StepContext, StepResult
+from ...step import StepContext, StepResult
 from . import removal
 
 
-class ExactDedupStep(DocumentStep):
+class ExactDedupStep(removal.DedupStep):
     name = "exact_dedup"
-    removes = "duplicates"
-    config_sections = ("dedup",)
-    outputs = {"examples": list}
-
-    def __init__(self, reads: str, normalize_opts: Optional[dict]):
-        super().__init__(reads)
-        self.normalize_opts = normalize_opts  # a dedup job keeps the original text: normalise only for hashing
-
-    def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
-        return [previous, "exact", self.normalize_opts]
+    kind = "exact"
 
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         parts = ctx.parts(self.reads)

@@ -3,7 +3,6 @@ removal. Each phase is a module of this package; this step only wires them in or
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
 
 import dask.dataframe as dd
 import pyarrow as pa
@@ -14,24 +13,15 @@ from stages.base import write_table_atomic
 from stages.shingles import ShingleSpec
 
 from ...config import Config
-from ...step import DocumentStep, StepContext, StepResult
+from ...step import StepContext, StepResult
 from . import clustering, removal
 from .minhash_edges import minhash_edges
 from .simhash_edges import simhash_edges
 
 
-class NearDedupStep(DocumentStep):
+class NearDedupStep(removal.DedupStep):
     name = "near_dedup"
-    removes = "duplicates"
-    config_sections = ("dedup",)
-    outputs = {"examples": list}
-
-    def __init__(self, reads: str, normalize_opts: Optional[dict]):
-        super().__init__(reads)
-        self.normalize_opts = normalize_opts  # a dedup job keeps the original text: normalise only for hashing
-
-    def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
-        return [previous, "near", self.normalize_opts]
+    kind = "near"
 
     def signature_spec(self, cfg: Config) -> near_dedup.SignatureSpec:
         dc, sh = cfg.dedup, cfg.dedup.shingling

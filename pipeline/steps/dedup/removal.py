@@ -3,7 +3,7 @@ the removed text, and summarise the clusters for the report."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import dask.dataframe as dd
 import numpy as np
@@ -15,7 +15,25 @@ from stages import exact_dedup, near_dedup
 from stages.base import REMOVED_META, merge_stats
 
 from ...executor import attach_removed_text, removed_texts, run_batch_part
-from ...step import StepContext
+from ...config import Config
+from ...step import DocumentStep, StepContext
+
+
+class DedupStep(DocumentStep):
+    """What both dedup steps share: their removals are duplicates, their link hashes the dedup
+    section, and what they hash is normalised first when the stored text is the original."""
+
+    removes = "duplicates"
+    config_sections = ("dedup",)
+    outputs = {"examples": list}
+    kind: ClassVar[str]  # "exact" | "near": part of the link, so the two never share a hash
+
+    def __init__(self, reads: str, normalize_opts: Optional[dict]):
+        super().__init__(reads)
+        self.normalize_opts = normalize_opts  # a dedup job keeps the original text: normalise only for hashing
+
+    def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
+        return [previous, self.kind, self.normalize_opts]
 
 
 def removed_uids(files: list[str]) -> np.ndarray:
