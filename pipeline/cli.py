@@ -219,6 +219,7 @@ def _cmd_tokenizer(args) -> int:
 
     from .config import Config, parse_config
     from .executor import sample_part
+    from .steps.tokenize import check_sample, sample_plan
     from stages import read, tokenize
     from stages.normalize import normalize_array
 
@@ -242,9 +243,8 @@ def _cmd_tokenizer(args) -> int:
                                 int(cfg.input.part_size_mb * 2**20))
         docs = sum(read.read_unit(u, opts, tmp)["stats"]["docs_out"] for u in units)
         parts = sorted(str(p) for p in Path(tmp).glob("part-*.parquet"))
-        rate = min(1.0, tc.sample_docs / max(1, docs))
-        per_part = (tc.max_sample_mb << 20) // max(1, len(parts))
-        sample = [t for p in parts for t in sample_part(p, tc.seed, rate, per_part)]
+        sample = [t for args in sample_plan(parts, cfg.tokenizer.model_copy(update={"model": None}), docs)
+                  for t in sample_part(*args)]
         import pyarrow as pa
 
         sample = normalize_array(pa.array(sample, pa.string()), **cfg.normalize.model_dump()).to_pylist()
@@ -258,7 +258,7 @@ def _cmd_tokenizer(args) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(model, out)
         shutil.copyfile(str(model)[: -len(".model")] + ".vocab", out.with_suffix(".vocab"))
-        check = sample[:: max(1, len(sample) // 200)][:200]
+        check = check_sample(sample, tc.seed)
     report = tokenize.check_tokenizer(str(out), add_bos=cfg.tokenizer.add_bos, add_eos=cfg.tokenizer.add_eos,
                                       pad_id=None, model_vocab_size=None, sample_texts=check)
     _log(f"tokenizer: {out} (sha256 {report.sha256[:16]}…): vocabulary {report.vocab_size:,}; unk {report.unk_id}, "

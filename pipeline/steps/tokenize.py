@@ -31,6 +31,26 @@ class TokenizerInfo(tokenize.TokenizerReport):
     origin: str = ""  # "given (PATH)" or "trained on this corpus"
 
 
+def sample_plan(parts: list[str], tc: Any, docs: int) -> list[tuple]:
+    """`executor.sample_part` arguments per part: for training (no model given), a seeded share of
+    every part's documents, `tc.train.sample_docs` in all and at most `tc.train.max_sample_mb` of
+    text; for the checks only (a model given), a few hundred documents from 4 spread-out parts.
+    The pipeline and `corpusmill tokenizer train` both sample this way."""
+    if tc.model:
+        sampled = [parts[i] for i in sorted({round(j * (len(parts) - 1) / 3) for j in range(4)})]
+        rate, first_group, max_docs = 1.0, True, -(-2 * CHECK_SAMPLE_DOCS // len(sampled))
+    else:
+        sampled, rate, first_group, max_docs = parts, min(1.0, tc.train.sample_docs / max(1, docs)), False, None
+    max_chars = (tc.train.max_sample_mb << 20) // max(1, len(sampled))
+    return [(p, tc.train.seed, rate, max_chars, first_group, max_docs) for p in sampled]
+
+
+def check_sample(sample: list[str], seed: int) -> list[str]:
+    """A seeded choice of CHECK_SAMPLE_DOCS texts of `sample`, in sample order, for the checks."""
+    rng = np.random.default_rng(seed)
+    return [sample[i] for i in sorted(rng.choice(len(sample), size=min(CHECK_SAMPLE_DOCS, len(sample)), replace=False))]
+
+
 class TokenizeStep(Step):
     name = "tokenize"
     config_sections = ("tokenizer",)
@@ -63,18 +83,9 @@ class TokenizeStep(Step):
         return StepResult(stats, {"tokenizer": info})
 
     def _sample(self, ctx: StepContext, kept_docs: int) -> list[str]:
-        """Texts for training (a sample of the whole corpus) or only for the checks (a few hundred
-        documents from 4 spread-out parts, when the model is given)."""
         tc = ctx.cfg.tokenizer
-        parts = ctx.parts(self.reads)
-        if tc.model:
-            sampled = [parts[i] for i in sorted({round(j * (len(parts) - 1) / 3) for j in range(4)})]
-            rate, first_group, max_docs = 1.0, True, -(-2 * CHECK_SAMPLE_DOCS // len(sampled))
-        else:
-            sampled, rate, first_group, max_docs = parts, min(1.0, tc.train.sample_docs / kept_docs), False, None
-        max_chars = (tc.train.max_sample_mb << 20) // max(1, len(sampled))
-        samples = ctx.run([delayed(sample_part)(p, tc.train.seed, rate, max_chars, first_group, max_docs) for p in sampled],
-                          "tokenize: sample")
+        plan = sample_plan(ctx.parts(self.reads), tc, kept_docs)
+        samples = ctx.run([delayed(sample_part)(*args) for args in plan], "tokenize: sample")
         return [t for chunk in samples for t in chunk]
 
     def _model(self, ctx: StepContext, folder: Path, model_path: Path, sample: list[str]) -> str:
@@ -104,13 +115,10 @@ class TokenizeStep(Step):
         """Special ids, pad choice, vocabulary vs the model, unknown-token rate and round trip on a
         seeded subsample; an error stops the run before any document is encoded."""
         tc = ctx.cfg.tokenizer
-        rng = np.random.default_rng(tc.train.seed)
-        check_sample = [sample[i] for i in sorted(rng.choice(len(sample), size=min(CHECK_SAMPLE_DOCS, len(sample)),
-                                                             replace=False))]
         try:
             report = tokenize.check_tokenizer(
                 str(model_path), add_bos=tc.add_bos, add_eos=tc.add_eos, pad_id=tc.pad_id,
-                model_vocab_size=ctx.cfg.train.model.vocab_size, sample_texts=check_sample,
+                model_vocab_size=ctx.cfg.train.model.vocab_size, sample_texts=check_sample(sample, tc.train.seed),
                 max_unk_rate=tc.max_unk_rate,
             )
         except tokenize.TokenizerError as e:
