@@ -63,21 +63,7 @@ class ShardStep(Step):
         files = [{"path": name, "rank": plan.file_of(i)[0] if sc.layout == "per_rank" else None, **w}
                  for i, (name, w) in enumerate(zip(names, written))]
         self._check_balance(files, plan, sc)
-        tok = ctx.output("tokenize", "tokenizer")
-        shutil.copyfile(tok.path, staging / "tokenizer.model")
-        doc = manifest.build(
-            version=__version__, config_hash=ctx.link(self.name), created_utc=utc_now(), seq_length=ctx.cfg.pack.seq_length,
-            tokenizer=tok.__dict__, add_bos=ctx.cfg.tokenizer.add_bos, add_eos=ctx.cfg.tokenizer.add_eos, labels=labels,
-            pack_mode=ctx.cfg.pack.mode, layout=sc.layout, ranks=sc.ranks, files_per_rank=sc.files_per_rank,
-            samples_per_rank=plan.per_rank, total_samples=plan.used, dropped=plan.dropped, repeated=plan.repeated,
-            remainder=sc.remainder, shuffle_seed=sc.seed, files=files)
-        write_text_atomic(staging / "mindformers_train_dataset.yaml", shard.mindformers_snippet(
-            str(folder.resolve()), sc.layout, window, ["input_ids", "labels"] if labels else ["input_ids"],
-            tok.eos_id if ctx.cfg.pack.mode != "pad" and ctx.cfg.tokenizer.add_eos else None))
-        write_json_atomic(staging / manifest.MANIFEST_NAME, doc)
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(staging, folder)  # rename the folder, never the MindRecord files
+        doc = self._publish(ctx, folder, staging, files, plan, labels)
         return StepResult({
             "windows_in": total,
             "samples": plan.used,
@@ -93,6 +79,28 @@ class ShardStep(Step):
             "tokens": doc["total_tokens"],
             "bytes": sum(x["bytes"] for x in files),
         })
+
+    def _publish(self, ctx: StepContext, folder: Path, staging: Path, files: list[dict], plan: shard.ShardPlan,
+                 labels: bool) -> dict:
+        """The tokenizer, the manifest and the mindformers snippet beside the written files, then
+        `shards.tmp/` renamed to `shards/` (the folder, never a MindRecord file). Returns the manifest."""
+        sc, window = ctx.cfg.shard, ctx.cfg.pack.seq_length + 1
+        tok = ctx.output("tokenize", "tokenizer")
+        shutil.copyfile(tok.path, staging / "tokenizer.model")
+        doc = manifest.build(
+            version=__version__, config_hash=ctx.link(self.name), created_utc=utc_now(), seq_length=ctx.cfg.pack.seq_length,
+            tokenizer=tok.__dict__, add_bos=ctx.cfg.tokenizer.add_bos, add_eos=ctx.cfg.tokenizer.add_eos, labels=labels,
+            pack_mode=ctx.cfg.pack.mode, layout=sc.layout, ranks=sc.ranks, files_per_rank=sc.files_per_rank,
+            samples_per_rank=plan.per_rank, total_samples=plan.used, dropped=plan.dropped, repeated=plan.repeated,
+            remainder=sc.remainder, shuffle_seed=sc.seed, files=files)
+        write_text_atomic(staging / "mindformers_train_dataset.yaml", shard.mindformers_snippet(
+            str(folder.resolve()), sc.layout, window, ["input_ids", "labels"] if labels else ["input_ids"],
+            tok.eos_id if ctx.cfg.pack.mode != "pad" and ctx.cfg.tokenizer.add_eos else None))
+        write_json_atomic(staging / manifest.MANIFEST_NAME, doc)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+        return doc
 
     @staticmethod
     def _warm_up_writers(ctx: StepContext) -> float:
