@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from stages.normalize import normalize_array  # noqa: E402
-from stages.shingles import ShingleSpec, shingle_hashes  # noqa: E402
+from corpusmill.stages.normalize import normalize_array  # noqa: E402
+from corpusmill.stages.shingles import ShingleSpec, shingle_hashes  # noqa: E402
 
 BOILERPLATE_EN = ["Share this article on social media.", "All rights reserved. Terms of use apply.",
                   "Click here to subscribe to our newsletter for weekly updates."]
@@ -97,8 +97,8 @@ def edit(text: str, lang: str, strength: float, rng: random.Random) -> str:
 
 def drop_near_pairs(docs: list[tuple[str, str, str]], work: Path) -> list[tuple[str, str, str]]:
     """Remove base pieces that are near duplicates of each other (corpusmill dedup at threshold 0.5)."""
-    from pipeline.config import parse_config
-    from pipeline.runner import Pipeline
+    from corpusmill.pipeline.config import parse_config
+    from corpusmill.pipeline.runner import Pipeline
 
     src = work / "base"
     src.mkdir(parents=True, exist_ok=True)

@@ -47,8 +47,8 @@ import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from stages.normalize import normalize_array  # noqa: E402
-from stages.shingles import ShingleSpec, shingle_hashes  # noqa: E402
+from corpusmill.stages.normalize import normalize_array  # noqa: E402
+from corpusmill.stages.shingles import ShingleSpec, shingle_hashes  # noqa: E402
 
 DEBS = ("debian-edu-doc-en", "debian-edu-doc-zh-cn")
 MIN_CHARS = 300

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
-from stages.base import read_table  # noqa: E402
+from corpusmill.stages.base import read_table  # noqa: E402
 
 
 def take_corpus(corpus: Path, out: Path, mb: float) -> int:

@@ -220,8 +220,8 @@ def _cmd_tokenizer(args) -> int:
     from .config import Config, parse_config
     from .executor import sample_part
     from .steps.tokenize import check_sample, sample_plan
-    from stages import read, tokenize
-    from stages.normalize import normalize_array
+    from corpusmill.stages import read, tokenize
+    from corpusmill.stages.normalize import normalize_array
 
     cfg = _load(args.config) if args.config else Config()
     tc = cfg.tokenizer.train
@@ -268,7 +268,7 @@ def _cmd_tokenizer(args) -> int:
 
 
 def _cmd_shards(args) -> int:
-    from stages.shard import verify_shard_dir
+    from corpusmill.stages.shard import verify_shard_dir
 
     if args.shards_command == "verify":
         started = time.perf_counter()
@@ -287,8 +287,8 @@ def _cmd_shards(args) -> int:
 
     import mindspore.dataset as ds
 
-    from trainer.data import check_shards
-    from stages.tokenize import load_tokenizer
+    from corpusmill.trainer.data import check_shards
+    from corpusmill.stages.tokenize import load_tokenizer
 
     manifest = check_shards(args.dir, verify=True, log=lambda m: None)  # never hand a damaged file to the reader
     _log(json.dumps({k: v for k, v in manifest.items() if k != "files"}, indent=1, ensure_ascii=False))
@@ -540,7 +540,7 @@ def _cmd_serve(args) -> int:
 
 def _cmd_train(args) -> int:
     from .config import ConfigError, TrainConfig
-    from trainer.train import train
+    from corpusmill.trainer.train import train
 
     tcfg = _load(args.config).train if args.config else TrainConfig()
     workers = args.num_parallel_workers
@@ -555,7 +555,7 @@ def _cmd_train(args) -> int:
         if value is not None:
             setattr(tcfg, attr, value)
     if args.action == "lr-find":
-        from trainer.train import lr_find
+        from corpusmill.trainer.train import lr_find
 
         result = lr_find(args.shards, tcfg, log=_log, verify=args.verify)
         _log(f"largest lr at which the loss still falls steadily: {result['largest_falling_lr']:.3g}; "
@@ -576,9 +576,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .config import ConfigError
     from .ledger import LedgerError
     from .runner import PipelineError
-    from stages.read import InputError
-    from stages.tokenize import TokenizerError
-    from trainer.data import ShardMismatch
+    from corpusmill.stages.read import InputError
+    from corpusmill.stages.tokenize import TokenizerError
+    from corpusmill.trainer.data import ShardMismatch
 
     handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train, "config": _cmd_config, "dedup": _cmd_dedup,
                 "shards": _cmd_shards, "tokenizer": _cmd_tokenizer, "doctor": _cmd_doctor,

@@ -120,7 +120,7 @@ def _change_one_sentence(text: str, rng: random.Random) -> str:
 
 def build_demo_corpus(out_dir: str | Path, seed: int = 0) -> dict[str, Any]:
     """Write the demo corpus under `out_dir`; returns what was planted (and where)."""
-    from stages.normalize import normalize_array
+    from corpusmill.stages.normalize import normalize_array
 
     rng = random.Random(seed)
     out = Path(out_dir)

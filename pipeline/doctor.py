@@ -125,13 +125,13 @@ def check_cpus(cfg: Any) -> list[Check]:
 
 
 def _input_bytes(paths: list[str]) -> int:
-    from stages.read import expand_inputs
+    from corpusmill.stages.read import expand_inputs
 
     return sum(os.path.getsize(f) for f in expand_inputs(paths))
 
 
 def check_memory(cfg: Any, available: Optional[int] = None) -> list[Check]:
-    from trainer.memory import available_memory
+    from corpusmill.trainer.memory import available_memory
 
     available = available_memory() if available is None else available
     if available is None:
@@ -153,7 +153,7 @@ def check_training_memory(cfg: Any, available: int) -> list[Check]:
     """Training's peak memory from the real shapes (logits batch x seq x vocab and their gradient,
     activations per layer, parameters, gradients, optimizer moments): an error when training is on
     and cannot fit, a warning when it is off (a later `corpusmill train` with this config would)."""
-    from trainer.memory import FIT_SHARE, TrainMemoryError, estimate, plan
+    from corpusmill.trainer.memory import FIT_SHARE, TrainMemoryError, estimate, plan
 
     t = cfg.train
     seq = t.model.seq_length or cfg.pack.seq_length
@@ -223,7 +223,7 @@ def check_scheduler(cfg: Any, timeout: float = 5) -> list[Check]:
 
 
 def check_files(cfg: Any) -> list[Check]:
-    from stages.read import InputError, expand_inputs
+    from corpusmill.stages.read import InputError, expand_inputs
 
     checks = []
     try:

@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stages.base import DOC_SCHEMA, REMOVED_SCHEMA, BatchResult, read_rows, read_table, write_table_atomic, write_text_atomic
+from corpusmill.stages.base import DOC_SCHEMA, REMOVED_SCHEMA, BatchResult, read_rows, read_table, write_table_atomic, write_text_atomic
 
 
 def _as_table(data: Any, schema: pa.Schema) -> pa.Table:
@@ -186,7 +186,7 @@ def export_removed_part(path: str, target: str, fmt: str = "parquet") -> int:
 
 def removed_texts(part: str, uids: np.ndarray, chars: Optional[int]) -> dict[int, Optional[str]]:
     """{uid: text cut to `chars`} for the documents of one stage part whose uid is in the sorted `uids`."""
-    from stages.base import excerpt
+    from corpusmill.stages.base import excerpt
 
     found = read_table(part, ["uid"]).column("uid").to_numpy()
     if not len(uids) or not len(found):

@@ -18,6 +18,6 @@ if __name__ == "__main__":
     if sys.path and os.path.abspath(sys.path[0] or os.curdir) == here:
         sys.path[0] = os.path.dirname(here)
 
-    from pipeline.cli import main
+    from corpusmill.pipeline.cli import main
 
     sys.exit(main(["train", *sys.argv[1:]]))

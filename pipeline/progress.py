@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from stages.base import write_bytes_atomic
+from corpusmill.stages.base import write_bytes_atomic
 
 PROGRESS_FILE = "progress.json"
 _MIN_INTERVAL_S = 0.5

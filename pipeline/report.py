@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
-from stages.base import write_text_atomic
+from corpusmill.stages.base import write_text_atomic
 
 
 def _pct(n: int, total: int) -> str:
@@ -91,7 +91,7 @@ def _filter_rules(r: ReportInputs) -> list[str]:
     rules = r.extra.get("filter", {}).get("rules") or {}
     if not rules:
         return []
-    from stages.quality import describe_rules
+    from corpusmill.stages.quality import describe_rules
 
     meaning = describe_rules()
     removed_f = (r.stats.get("filter") or {}).get("removed", {})

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-from stages.base import write_json_atomic
+from corpusmill.stages.base import write_json_atomic
 
 # step name -> folder name; the numbers sort the folders in the order a full run makes them
 STAGE_DIRS = {

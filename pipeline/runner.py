@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from stages.base import write_json_atomic, write_text_atomic
+from corpusmill.stages.base import write_json_atomic, write_text_atomic
 
 from . import __version__
 from .config import Config
@@ -208,7 +208,7 @@ class Pipeline:
 
     def _train(self, started: float, ledger: dict) -> dict:
         """Hand the shards to the training loop (in this process: a fork after MindSpore deadlocks)."""
-        from trainer.train import train
+        from corpusmill.trainer.train import train
 
         self.log("[train] starting")
         self._progress("stage_started", "train")

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from dask import delayed
 
-from stages.base import merge_stats, write_table_atomic
+from corpusmill.stages.base import merge_stats, write_table_atomic
 
 from .config import Config
 from .engine import Progress, run_tasks

@@ -32,9 +32,9 @@ def dask_client():
 @pytest.fixture
 def step_context(tmp_path, dask_client):
     """A real StepContext over a fresh run directory and the session's LocalCluster."""
-    from pipeline.config import parse_config
-    from pipeline.rundir import RunDir
-    from pipeline.step import StepContext
+    from corpusmill.pipeline.config import parse_config
+    from corpusmill.pipeline.rundir import RunDir
+    from corpusmill.pipeline.step import StepContext
 
     return StepContext(parse_config({}), RunDir(tmp_path / "run"), dask_client, print, {}, {}, {})
 

@@ -8,8 +8,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import parse_config
-from pipeline.runner import Pipeline
+from corpusmill.pipeline.config import parse_config
+from corpusmill.pipeline.runner import Pipeline
 from tests.conftest import LENGTH_ONLY_FILTER, write_jsonl
 
 BANNER = "This page is part of the Example Wiki | licensed CC BY-SA"

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from pipeline.cli import _build_parser
+from corpusmill.pipeline.cli import _build_parser
 
-CLI = [sys.executable, "-m", "pipeline.cli"]
+CLI = [sys.executable, "-m", "corpusmill.pipeline.cli"]
 
 
 def _run(args, **kw):

@@ -1,6 +1,6 @@
 import pytest
 
-from pipeline.config import Config, ConfigError, load_config, parse_config
+from corpusmill.pipeline.config import Config, ConfigError, load_config, parse_config
 
 
 def test_defaults_validate():
@@ -40,8 +40,8 @@ def test_wrong_version_refused():
 
 
 def test_example_and_quickstart_configs_load():
-    from pipeline.cli import CONFIG_DIR
-    from pipeline.config import EXAMPLE_PATHS, render_example
+    from corpusmill.pipeline.cli import CONFIG_DIR
+    from corpusmill.pipeline.config import EXAMPLE_PATHS, render_example
 
     text = (CONFIG_DIR / "example.yaml").read_text(encoding="utf-8")
     assert text == render_example(EXAMPLE_PATHS), "configs/example.yaml is stale: run `corpusmill config example`"
@@ -58,7 +58,7 @@ def test_section_hash_changes_with_section_only():
 
 
 def test_every_shipped_config_loads():
-    from pipeline.cli import CONFIG_DIR
+    from corpusmill.pipeline.cli import CONFIG_DIR
 
     for path in sorted(CONFIG_DIR.glob("*.yaml")):
         cfg = load_config(path)

@@ -63,7 +63,7 @@ def _serve_args(argv: list[str]) -> list[str]:
 
 
 def test_the_service_commands_of_image_and_compose_parse_and_keep_the_token_off_the_command_line():
-    from pipeline.cli import _build_parser
+    from corpusmill.pipeline.cli import _build_parser
 
     cmd = [v for k, v in _dockerfile_instructions() if k == "CMD"][-1]
     image_cmd = yaml.safe_load(cmd)  # exec form: a JSON list
@@ -172,8 +172,8 @@ def test_readme_docker_compose_up_starts_this_compose_file_building_its_image():
 
 
 def test_readme_token_and_request_reach_the_service_compose_publishes():
-    from pipeline.cli import _build_parser
-    from pipeline.service.app import ServiceContext, create_app
+    from corpusmill.pipeline.cli import _build_parser
+    from corpusmill.pipeline.service.app import ServiceContext, create_app
 
     make_token = next(argv for argv in _readme_docker_commands() if ">" in argv)
     token_path = make_token[make_token.index(">") + 1]

@@ -5,8 +5,8 @@ from collections import namedtuple
 
 import pytest
 
-from pipeline.config import CONFIG_VERSION, ConfigError, load_config, parse_config
-from pipeline.doctor import ERROR, OK, check_cpus, check_disk, check_memory, check_scheduler, errors
+from corpusmill.pipeline.config import CONFIG_VERSION, ConfigError, load_config, parse_config
+from corpusmill.pipeline.doctor import ERROR, OK, check_cpus, check_disk, check_memory, check_scheduler, errors
 
 Usage = namedtuple("Usage", "total used free")
 

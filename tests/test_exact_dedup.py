@@ -2,8 +2,8 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 
-from pipeline.steps.dedup.exact import find_duplicates
-from stages.exact_dedup import drop_uids_batch, hash_batch
+from corpusmill.pipeline.steps.dedup.exact import find_duplicates
+from corpusmill.stages.exact_dedup import drop_uids_batch, hash_batch
 
 
 def test_lowest_uid_kept_with_duplicate_of_and_cluster_size(dask_client):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from datasketch.lsh import _false_negative_probability, _false_positive_probability, _optimal_param
 
-from stages.minhash import lsh_error_areas, lsh_optimum, optimal_bands
+from corpusmill.stages.minhash import lsh_error_areas, lsh_optimum, optimal_bands
 
 THRESHOLDS = (0.001, 0.01, 0.05, 0.1, 0.2, 0.3, 0.333, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0)
 WEIGHTS = ((0.5, 0.5), (0.1, 0.9), (0.9, 0.1), (0.3, 0.7))

@@ -15,14 +15,14 @@ import pytest
 from datasketch import MinHash
 from simhash import Simhash
 
-from pipeline.config import parse_config
-from pipeline.runner import Pipeline
-from pipeline.steps.dedup.clustering import cluster_distributed
-from stages.components import components_in_memory
-from stages.minhash import candidate_probability, optimal_bands, signatures
-from stages.near_dedup import choose_keepers, exact_jaccard
-from stages.shingles import ShingleSpec, shingle_hash32, shingle_hash64, shingle_hashes, shingle_strings
-from stages.simhash import block_rows, fingerprints, near_edges, popcount64
+from corpusmill.pipeline.config import parse_config
+from corpusmill.pipeline.runner import Pipeline
+from corpusmill.pipeline.steps.dedup.clustering import cluster_distributed
+from corpusmill.stages.components import components_in_memory
+from corpusmill.stages.minhash import candidate_probability, optimal_bands, signatures
+from corpusmill.stages.near_dedup import choose_keepers, exact_jaccard
+from corpusmill.stages.shingles import ShingleSpec, shingle_hash32, shingle_hash64, shingle_hashes, shingle_strings
+from corpusmill.stages.simhash import block_rows, fingerprints, near_edges, popcount64
 from tests.conftest import write_jsonl
 
 SAMPLES = [

@@ -3,11 +3,11 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from pipeline.config import FilterConfig
-from stages.boilerplate import line_width, strip_lines, line_hash
-from stages.filters import filter_batch
-from stages.normalize import normalize_batch
-from stages.quality import decide, rule_table, score_texts
+from corpusmill.pipeline.config import FilterConfig
+from corpusmill.stages.boilerplate import line_width, strip_lines, line_hash
+from corpusmill.stages.filters import filter_batch
+from corpusmill.stages.normalize import normalize_batch
+from corpusmill.stages.quality import decide, rule_table, score_texts
 
 EN_PROSE = ("The river ran past the old mill and the children of the village would sit on the stone wall to watch "
             "the water turn the great wheel. In the evening their parents came to take them home, and the miller, "
@@ -122,7 +122,7 @@ def _reference_ngram_scores(words: list[str], n: int) -> tuple[float, float]:
 def test_pruned_ngram_scores_equal_a_plain_count():
     import random
 
-    from stages import quality
+    from corpusmill.stages import quality
 
     rng = random.Random(5)
     vocab = ["alpha", "be", "cat", "dog", "eel", "fig", "go", "hat"]
@@ -151,7 +151,7 @@ def test_pruned_ngram_scores_equal_a_plain_count():
 def test_line_counts_per_source(tmp_path):
     import pyarrow.parquet as pq
 
-    from stages.boilerplate import count_lines_part
+    from corpusmill.stages.boilerplate import count_lines_part
 
     banner = "Download the ebook"
     docs = [f"{banner}\n第 {i} 章\n上一页\nSome text {i} here." for i in range(4)] + ["one line doc", f"{banner}\nshort"]

@@ -1,8 +1,8 @@
 import numpy as np
 import pyarrow as pa
 
-from stages.pack import pack_batch, pack_tails
-from stages.tokenize import TOKEN_SCHEMA
+from corpusmill.stages.pack import pack_batch, pack_tails
+from corpusmill.stages.tokenize import TOKEN_SCHEMA
 
 
 def _tokens(docs, uids=None):
@@ -45,7 +45,7 @@ def test_pad_mode_one_document_per_sample():
 
 
 def test_best_fit_packs_whole_documents_and_splits_only_long_ones():
-    from stages.pack import best_fit_bins
+    from corpusmill.stages.pack import best_fit_bins
 
     assert sorted(map(sorted, best_fit_bins(np.array([5, 4, 3, 3, 1]), 8))) == [[0, 2], [1, 3, 4]]
     rng = np.random.default_rng(1)

@@ -12,9 +12,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import parse_config
-from pipeline.runner import Pipeline
-from stages.base import read_table
+from corpusmill.pipeline.config import parse_config
+from corpusmill.pipeline.runner import Pipeline
+from corpusmill.stages.base import read_table
 from tests.conftest import LENGTH_ONLY_FILTER, write_jsonl
 
 WORDS = ("data model token corpus shard rank train window quality filter python river bread stone light "
@@ -298,7 +298,7 @@ def test_shards_verify_passes_and_catches_truncated_altered_and_missing_files(ru
     import sys
 
     def verify(folder):
-        return subprocess.run([sys.executable, "-m", "pipeline.cli", "shards", "verify", str(folder)],
+        return subprocess.run([sys.executable, "-m", "corpusmill.pipeline.cli", "shards", "verify", str(folder)],
                               capture_output=True, text=True, timeout=300)
 
     ok = verify(run["out"] / "shards")
@@ -328,7 +328,7 @@ def test_shards_verify_passes_and_catches_truncated_altered_and_missing_files(ru
     out = verify(missing)
     assert out.returncode == 1 and f"{files[2]}: missing" in out.stderr and "problem(s)" in out.stderr
 
-    inspect = subprocess.run([sys.executable, "-m", "pipeline.cli", "shards", "inspect", str(run["out"] / "shards"),
+    inspect = subprocess.run([sys.executable, "-m", "corpusmill.pipeline.cli", "shards", "inspect", str(run["out"] / "shards"),
                               "--decode", "1"], capture_output=True, text=True, timeout=300)
     assert inspect.returncode == 0 and "--- sample 0" in inspect.stdout
 
@@ -349,7 +349,7 @@ def test_resume_skips_finished_stages_and_reruns_changed_ones(run, dask_client):
 
 
 def test_training_on_shards_lowers_the_loss(tmp_path, dask_client):
-    from trainer.train import train
+    from corpusmill.trainer.train import train
 
     root = tmp_path
     build_corpus(root / "corpus")
@@ -365,9 +365,9 @@ def test_training_on_shards_lowers_the_loss(tmp_path, dask_client):
 
 
 def test_trainer_refuses_mismatched_shards(run):
-    from pipeline.config import TrainConfig
-    from trainer.data import ShardMismatch
-    from trainer.train import train
+    from corpusmill.pipeline.config import TrainConfig
+    from corpusmill.trainer.data import ShardMismatch
+    from corpusmill.trainer.train import train
 
     shards = str(run["out"] / "shards")
     manifest = json.loads((run["out"] / "shards" / "manifest.json").read_text())
@@ -430,7 +430,7 @@ def test_global_layout_with_pad_remainder_is_split_equally_by_minddataset(run, d
     import mindspore.dataset as ds
     import yaml
 
-    from trainer.train import train
+    from corpusmill.trainer.train import train
 
     out = tmp_path / "out"
     shutil.copytree(run["out"], out)
@@ -463,13 +463,13 @@ def test_global_layout_with_pad_remainder_is_split_equally_by_minddataset(run, d
     assert sum((collections.Counter(seen) - collections.Counter(packed)).values()) == manifest["repeated_samples"]
     assert set(seen) == set(packed)  # every packed window is on some rank; the repeats are copies of real ones
 
-    ok = subprocess.run([sys.executable, "-m", "pipeline.cli", "shards", "verify", str(shards)],
+    ok = subprocess.run([sys.executable, "-m", "corpusmill.pipeline.cli", "shards", "verify", str(shards)],
                         capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
     stray = tmp_path / "stray"
     shutil.copytree(shards, stray)
     shutil.copyfile(stray / "corpus.mindrecord0", stray / "old.mindrecord7")
-    bad = subprocess.run([sys.executable, "-m", "pipeline.cli", "shards", "verify", str(stray)],
+    bad = subprocess.run([sys.executable, "-m", "corpusmill.pipeline.cli", "shards", "verify", str(stray)],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and "old.mindrecord7: a MindRecord file the manifest does not list" in bad.stderr
 

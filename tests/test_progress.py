@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 
-from pipeline import engine
-from pipeline.engine import Heartbeat, Progress, run_tasks
+from corpusmill.pipeline import engine
+from corpusmill.pipeline.engine import Heartbeat, Progress, run_tasks
 
 
 def _wait_for(predicate, deadline_s: float = 60.0) -> bool:

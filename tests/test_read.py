@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from stages import read
+from corpusmill.stages import read
 from tests.conftest import write_jsonl
 
 
@@ -24,7 +24,7 @@ def _read_all(paths, tmp_path, block_size=64 << 20, part_size=32 << 20, **opts):
     docs = pq.read_table(str(out)).to_pylist() if any(out.glob("*.parquet")) else []
     quarantine = [q for r in results for q in r["quarantine"]]
     stats = {}
-    from stages.base import merge_stats
+    from corpusmill.stages.base import merge_stats
 
     for r in results:
         merge_stats(stats, r["stats"])
@@ -278,7 +278,7 @@ def test_multi_frame_zst_is_read_to_the_end(tmp_path):
 def test_truncated_gz_keeps_its_head_and_the_ledger_shows_lost_input_not_one_document(tmp_path):
     """Before: 165 lost records counted as 1 document. Now the head is read, the rest is one lost-input
     row with the bytes, and the ledger counts no document for it."""
-    from pipeline.ledger import build_ledger
+    from corpusmill.pipeline.ledger import build_ledger
 
     good = gzip.compress(_lines(2000))
     path = tmp_path / "x.jsonl.gz"
@@ -402,7 +402,7 @@ def test_glob_keeps_the_files_glob_found_before(tmp_path):
 _AS_NOBODY = """
 import os, sys
 sys.path.insert(0, {repo!r})
-from stages import read
+from corpusmill.stages import read
 os.setgid(65534); os.setuid(65534)
 try:
     read.expand_inputs([{target!r}])
@@ -462,8 +462,8 @@ def test_broken_link_named_like_an_input_is_an_error(tmp_path):
 def test_pipeline_read_stage_finishes_with_zero_documents_when_every_record_is_bad(tmp_path, dask_client):
     """Before: a traceback after `read`. The read stage itself completes (marker, quarantine file,
     0 documents out) and the job goes on from there."""
-    from pipeline.config import parse_config
-    from pipeline.runner import Pipeline, PipelineError
+    from corpusmill.pipeline.config import parse_config
+    from corpusmill.pipeline.runner import Pipeline, PipelineError
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "bad.jsonl").write_bytes(b"nope\n[1]\n{\"text\": 3}\n{\"text\": \"\\udc00\"}\n")
@@ -483,7 +483,7 @@ def test_pipeline_read_stage_finishes_with_zero_documents_when_every_record_is_b
 
 
 def test_cli_on_error_fail_is_one_line_and_exit_2(tmp_path, dask_client, capsys):
-    from pipeline.cli import main
+    from corpusmill.pipeline.cli import main
 
     (tmp_path / "in").mkdir()
     deep = b'{"text": "deep", "x": ' + b"[" * 30000 + b"]" * 30000 + b"}\n"

@@ -23,8 +23,8 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.cli import main as cli_main
-from stages import read
+from corpusmill.pipeline.cli import main as cli_main
+from corpusmill.stages import read
 from tests.conftest import LENGTH_ONLY_FILTER
 
 WORDS = ("river stone bread light garden winter music paper signal memory corpus window letter number model "

@@ -14,16 +14,16 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.cli import main
-from pipeline.config import ClusterConfig, parse_config
-from pipeline.engine import dask_client as engine_client
-from pipeline.runner import Pipeline, PipelineError
+from corpusmill.pipeline.cli import main
+from corpusmill.pipeline.config import ClusterConfig, parse_config
+from corpusmill.pipeline.engine import dask_client as engine_client
+from corpusmill.pipeline.runner import Pipeline, PipelineError
 from tests.conftest import LENGTH_ONLY_FILTER, write_jsonl
 from tests.test_service import wait_until
 
 WORDS = ("data model token corpus shard rank train window quality filter python river bread stone light garden "
          "winter music number letter paper signal memory").split()
-CLI = [sys.executable, "-m", "pipeline.cli"]
+CLI = [sys.executable, "-m", "corpusmill.pipeline.cli"]
 
 
 def _doc(rng: random.Random, n: int = 40) -> str:
@@ -212,7 +212,7 @@ def test_full_disk_in_tokenize_and_in_shard_is_one_line_with_stage_path_and_free
     if os.geteuid() != 0:
         pytest.skip("mounting a small file system needs root")
     config = _corpus_config(tmp_path)
-    from pipeline.config import load_config
+    from corpusmill.pipeline.config import load_config
 
     reference = tmp_path / "reference"
     Pipeline(load_config(config), reference, client=dask_client, log=lambda m: None).run()
@@ -260,7 +260,7 @@ def test_stage_writers_replace_a_planted_link_instead_of_writing_through_it(tmp_
     import pandas as pd
     import pyarrow as pa
 
-    from stages.base import atomic_file, write_table_atomic
+    from corpusmill.stages.base import atomic_file, write_table_atomic
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")

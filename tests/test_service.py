@@ -487,8 +487,8 @@ def _string_fields(model, prefix=()):
 
 def test_every_string_option_of_the_config_is_classed_as_path_or_not():
     """A new option naming a file must be added to the guard's PATH_FIELDS, or the service would not check it."""
-    from pipeline.config import Config
-    from pipeline.service.guard import NOT_PATHS, PATH_FIELDS
+    from corpusmill.pipeline.config import Config
+    from corpusmill.pipeline.service.guard import NOT_PATHS, PATH_FIELDS
 
     fields = set(_string_fields(Config))
     unclassified = fields - set(PATH_FIELDS) - NOT_PATHS
@@ -497,7 +497,7 @@ def test_every_string_option_of_the_config_is_classed_as_path_or_not():
 
 
 def test_data_roots_resolve_symlinks_dotdot_and_keep_the_state_folder_out(tmp_path):
-    from pipeline.service.guard import DataRoots, PathRefused
+    from corpusmill.pipeline.service.guard import DataRoots, PathRefused
 
     root, outside = tmp_path / "root", tmp_path / "outside"
     (root / "state").mkdir(parents=True)

@@ -277,7 +277,7 @@ def test_links_planted_while_a_run_job_works_are_replaced_not_written_through(se
 def test_safe_reads_refuse_links_fifos_and_dot_dot(tmp_path):
     """The reader the service uses for run-directory files: a link at any depth, a FIFO (which would block a
     plain open) or a '..' is refused; a missing file is FileNotFoundError; a regular file reads."""
-    from pipeline.service.safefs import LinkRefused, find_link, read_bytes
+    from corpusmill.pipeline.service.safefs import LinkRefused, find_link, read_bytes
 
     real, outside = tmp_path / "run", tmp_path / "outside"
     (real / "stage").mkdir(parents=True)

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from stages.base import write_table_atomic
-from stages.pack import windows_table
-from stages.shard import (
+from corpusmill.stages.base import write_table_atomic
+from corpusmill.stages.pack import windows_table
+from corpusmill.stages.shard import (
     MINDRECORD_NAME, ShardError, count_samples, count_windows, file_name, gather_positions, plan_shards, positions,
     read_back, write_mindrecord,
 )
@@ -101,7 +101,7 @@ def test_a_written_file_and_its_index_name_each_other_and_a_renamed_file_is_caug
     SHARD_NAME and row count) without MindSpore; a file renamed apart from its .db is named."""
     import os
 
-    from stages.manifest import pairing_problems, read_header
+    from corpusmill.stages.manifest import pairing_problems, read_header
 
     window = 9
     parts = _pack_parts(tmp_path, [12], window)

@@ -12,9 +12,9 @@ from typing import Callable
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.config import parse_config
-from pipeline.runner import Pipeline
+from corpusmill.pipeline.cli import main
+from corpusmill.pipeline.config import parse_config
+from corpusmill.pipeline.runner import Pipeline
 from tests.test_pipeline_e2e import build_corpus, e2e_config
 
 F0 = "rank-0000/corpus-r0000-f00.mindrecord"
@@ -273,7 +273,7 @@ def test_no_verify_trains_on_shards_whose_checksums_fail_but_lr_find_without_it_
 def test_a_reader_crash_is_a_finding_naming_the_file_and_the_next_file_is_still_read(pristine, tmp_path):
     """Two .mindrecord files swapped without their .db crash MindSpore's reader (SIGSEGV): the read
     runs in a child process, the crash is reported against that file, and a new child goes on."""
-    from stages.shard import read_rows_isolated
+    from corpusmill.stages.shard import read_rows_isolated
 
     d = _damaged(pristine, tmp_path, "two_mindrecords_swapped_without_db")
     good = pristine / "out" / "shards" / F1

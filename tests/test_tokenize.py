@@ -6,8 +6,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stages import tokenize
-from stages.tokenize import (TokenizerError, check_tokenizer, load_tokenizer, tokenize_batch, train_tokenizer,
+from corpusmill.stages import tokenize
+from corpusmill.stages.tokenize import (TokenizerError, check_tokenizer, load_tokenizer, tokenize_batch, train_tokenizer,
                              write_training_sample)
 from tests.conftest import SHARED_DATA
 
@@ -80,8 +80,8 @@ def test_mistral_tokenizers_get_a_pad_and_pass_the_checks(path):
 
 
 def test_pipeline_refuses_a_too_large_vocabulary_before_tokenizing(tmp_path, dask_client, small_model):
-    from pipeline.config import parse_config
-    from pipeline.runner import Pipeline, PipelineError
+    from corpusmill.pipeline.config import parse_config
+    from corpusmill.pipeline.runner import Pipeline, PipelineError
     from tests.conftest import LENGTH_ONLY_FILTER, write_jsonl
 
     vocab = load_tokenizer(small_model).GetPieceSize()
@@ -105,7 +105,7 @@ def _trained_on(model: str) -> list[str]:
 _TRAIN_IN_A_NEW_PROCESS = """
 import sys
 from pathlib import Path
-from stages import tokenize
+from corpusmill.stages import tokenize
 tokenize.TRAINER_LINES = 400
 for seed, folder in zip(sys.argv[2::2], sys.argv[3::2]):
     (Path(sys.argv[1]) / folder).mkdir()

@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.config import parse_config
-from pipeline.runner import Pipeline
+from corpusmill.pipeline.config import parse_config
+from corpusmill.pipeline.runner import Pipeline
 from tests.test_pipeline_e2e import build_corpus, e2e_config
 
 
@@ -28,7 +28,7 @@ def _losses(out):
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_interrupted_and_resumed_run_has_the_losses_of_an_uninterrupted_one(shards, tmp_path, precision):
-    from trainer.train import train
+    from corpusmill.trainer.train import train
 
     shards_dir, cfg = shards
     # fp16 from a scale that overflows for the first steps: the resumed run must restore the scaler too
@@ -48,7 +48,7 @@ def test_interrupted_and_resumed_run_has_the_losses_of_an_uninterrupted_one(shar
 
 
 def test_fp16_with_dynamic_loss_scaling_skips_overflowed_steps_and_tracks_fp32(shards, tmp_path):
-    from trainer.train import train
+    from corpusmill.trainer.train import train
 
     shards_dir, cfg = shards
     common = dict(steps=16, batch_size=4, lr=0.01)
@@ -69,8 +69,8 @@ def test_fp16_with_dynamic_loss_scaling_skips_overflowed_steps_and_tracks_fp32(s
 
 
 def test_bf16_is_refused_on_cpu_before_any_work(shards, tmp_path):
-    from trainer.precision import PrecisionError
-    from trainer.train import train
+    from corpusmill.trainer.precision import PrecisionError
+    from corpusmill.trainer.train import train
 
     shards_dir, cfg = shards
     with pytest.raises(PrecisionError, match="bf16.*CPU"):
@@ -79,7 +79,7 @@ def test_bf16_is_refused_on_cpu_before_any_work(shards, tmp_path):
 
 
 def test_gradient_accumulation_equals_the_larger_batch(shards, tmp_path):
-    from trainer.train import train
+    from corpusmill.trainer.train import train
 
     shards_dir, cfg = shards
     big = train(str(shards_dir), str(tmp_path / "big"), _tcfg(cfg, steps=3, batch_size=8), log=lambda m: None)
@@ -90,8 +90,8 @@ def test_gradient_accumulation_equals_the_larger_batch(shards, tmp_path):
 
 
 def test_auto_reader_threads_are_measured_then_cached(shards, tmp_path):
-    from trainer.data import load_manifest, rank_files
-    from trainer.workers import candidates, choose
+    from corpusmill.trainer.data import load_manifest, rank_files
+    from corpusmill.trainer.workers import candidates, choose
 
     shards_dir, _ = shards
     files, sharding = rank_files(load_manifest(str(shards_dir)), str(shards_dir), 0)
@@ -108,7 +108,7 @@ def test_lr_find_suggests_a_rate_below_where_the_loss_blows_up_at_which_training
     start only above the suggestion, and a real run at the suggested rate lowers the loss."""
     import math
 
-    from trainer.train import lr_find, train
+    from corpusmill.trainer.train import lr_find, train
 
     shards_dir, cfg = shards
     result = lr_find(str(shards_dir), _tcfg(cfg, batch_size=4), steps=30, log=lambda m: None)
@@ -164,7 +164,7 @@ def test_two_rank_data_parallel_under_msrun_ends_with_identical_parameters(tmp_p
 
 
 def test_recompute_keeps_the_losses_and_a_profiler_window_writes_a_trace(shards, tmp_path):
-    from trainer.train import train
+    from corpusmill.trainer.train import train
 
     shards_dir, cfg = shards
     train(str(shards_dir), str(tmp_path / "plain"), _tcfg(cfg, steps=3, batch_size=4), log=lambda m: None)
@@ -176,7 +176,7 @@ def test_recompute_keeps_the_losses_and_a_profiler_window_writes_a_trace(shards,
 
 
 def test_training_replaces_links_planted_in_its_output_folder_and_never_appends_through_one(shards, tmp_path):
-    from trainer.train import train
+    from corpusmill.trainer.train import train
 
     shards_dir, cfg = shards
     outside, out = tmp_path / "outside", tmp_path / "out"
@@ -200,7 +200,7 @@ def test_training_replaces_links_planted_in_its_output_folder_and_never_appends_
 def test_resume_under_another_micro_batch_size_continues_at_the_same_sample(shards, tmp_path):
     """The memory plan may pick another micro-batch size at each start (it depends on free memory):
     a resumed run skips the samples consumed, not a count of batches, so its losses match."""
-    from trainer.train import train
+    from corpusmill.trainer.train import train
 
     shards_dir, cfg = shards
     whole = _tcfg(cfg, steps=4, batch_size=4, grad_accumulation=2, checkpoint_every=2)

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from pipeline.config import TrainConfig, parse_config
+from corpusmill.pipeline.config import TrainConfig, parse_config
 from tests import test_train
-from trainer.memory import GiB, TrainMemoryError, estimate, plan
+from corpusmill.trainer.memory import GiB, TrainMemoryError, estimate, plan
 
 shards = test_train.shards  # the real shard set the training tests build (a module-scoped fixture)
 
@@ -59,8 +59,8 @@ def _peak_rss_of_train(shards_dir, out, settings: dict) -> tuple[float, list[str
     """Run trainer.train in a child process and return its peak RSS (bytes) and its log."""
     script = """
 import json, resource, sys
-from pipeline.config import TrainConfig
-from trainer.train import train
+from corpusmill.pipeline.config import TrainConfig
+from corpusmill.trainer.train import train
 tcfg = TrainConfig.model_validate(json.loads(sys.argv[1]))
 logs = []
 train(sys.argv[2], sys.argv[3], tcfg, log=logs.append, verify=False)
@@ -95,7 +95,7 @@ def test_cli_train_refuses_before_the_first_step_in_one_line(shards, tmp_path):
     shards_dir, _ = shards
     config = tmp_path / "big.yaml"
     config.write_text(yaml.safe_dump({"train": {"batch_size": 4096, "model": {"vocab_size": 4194304}}}))
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--shards", str(shards_dir), "--config",
+    proc = subprocess.run([sys.executable, "-m", "corpusmill.pipeline.cli", "train", "--shards", str(shards_dir), "--config",
                            str(config), "--out", str(tmp_path / "t"), "--no-verify"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr
@@ -106,7 +106,7 @@ def test_cli_train_refuses_before_the_first_step_in_one_line(shards, tmp_path):
 
 
 def test_doctor_prints_the_training_estimate_with_its_logits_term(tmp_path):
-    from pipeline.doctor import ERROR, WARNING, check_memory
+    from corpusmill.pipeline.doctor import ERROR, WARNING, check_memory
 
     cfg = parse_config({"pack": {"seq_length": 2048}, "tokenizer": {"train": {"vocab_size": 55296}},
                         "train": {"enabled": True, "batch_size": 8}})

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-from stages.base import write_json_atomic
+from corpusmill.stages.base import write_json_atomic
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 

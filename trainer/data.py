@@ -5,8 +5,8 @@ import os
 import time
 from typing import Any, Callable, Optional
 
-from stages import manifest as mf
-from stages.manifest import ShardMismatch  # noqa: F401 - raised by the checks here; cli.main prints it as one line
+from corpusmill.stages import manifest as mf
+from corpusmill.stages.manifest import ShardMismatch  # noqa: F401 - raised by the checks here; cli.main prints it as one line
 
 
 def load_manifest(shards_dir: str) -> dict[str, Any]:

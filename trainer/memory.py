@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from pipeline.config import ConfigError
+from corpusmill.pipeline.config import ConfigError
 
 GiB = 2 ** 30
 # Fitted to the peak RSS of `train` on MindSpore 2.10 CPU (PyNative), model 2 x 64 unless said, seq

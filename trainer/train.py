@@ -15,9 +15,9 @@ from typing import Any, Callable, Optional, TextIO
 
 import numpy as np
 
-from stages.base import write_json_atomic, write_text_atomic
+from corpusmill.stages.base import write_json_atomic, write_text_atomic
 
-from pipeline.config import ConfigError
+from corpusmill.pipeline.config import ConfigError
 
 from . import checkpoint
 from .data import ShardMismatch, check_model_fits, check_shards, load_manifest, rank_dataset, rank_files

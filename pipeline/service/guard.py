@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Iterable, Optional
 
-from stages.read import InputError, expand_inputs
+from corpusmill.stages.read import InputError, expand_inputs
 
 from .safefs import find_link
 

@@ -1,6 +1,6 @@
 """The process a service job runs in: exactly `corpusmill ARGS`, tied to the service's life.
 
-`python -m pipeline.service.jobproc --parent PID -- run CONFIG --out DIR ...` asks Linux to kill this
+`python -m corpusmill.pipeline.service.jobproc --parent PID -- run CONFIG --out DIR ...` asks Linux to kill this
 process when the service dies (PR_SET_PDEATHSIG), so a killed service never leaves a job writing
 into a run directory that the restarted service is about to resume. The service starts it in a new
 session, so a cancel can signal the whole process group.
@@ -28,10 +28,10 @@ def _die_with_parent(parent: int) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[0] != "--parent" or argv[2] != "--":
-        print("usage: python -m pipeline.service.jobproc --parent PID -- CORPUSMILL_ARGS...", file=sys.stderr)
+        print("usage: python -m corpusmill.pipeline.service.jobproc --parent PID -- CORPUSMILL_ARGS...", file=sys.stderr)
         return 2
     _die_with_parent(int(argv[1]))
-    from pipeline.cli import main as corpusmill
+    from corpusmill.pipeline.cli import main as corpusmill
 
     return corpusmill(argv[3:])
 

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import yaml
 
 from ..progress import utc_now
-from stages.base import write_text_atomic
+from corpusmill.stages.base import write_text_atomic
 from .guard import DataRoots, InputError, PathRefused, UnsafeFolder
 from .status import LOG_NAME, error_from_log, job_counters, train_dir
 from .store import JobStore
@@ -126,7 +126,7 @@ class Supervisor:
             resume = resume and any((train_dir(row) / "checkpoints").glob("*"))
         if resume:
             args.append("--resume")
-        return [sys.executable, "-m", "pipeline.service.jobproc", "--parent", str(os.getpid()), "--", *args]
+        return [sys.executable, "-m", "corpusmill.pipeline.service.jobproc", "--parent", str(os.getpid()), "--", *args]
 
     def _start(self, row: dict) -> None:
         job_id = row["id"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 from dask import delayed
 
-from stages.base import write_json_atomic, write_table_atomic, write_text_atomic
+from corpusmill.stages.base import write_json_atomic, write_table_atomic, write_text_atomic
 
 from ..executor import export_kept_part, export_removed_part, kept_field_kinds, kept_field_types
 from ..rundir import EXPORT_KEPT, EXPORT_REMOVED

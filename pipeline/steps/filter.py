@@ -13,8 +13,8 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 from dask import delayed
 
-from stages import boilerplate, filters, normalize, quality
-from stages.base import merge_stats, write_json_atomic, write_table_atomic
+from corpusmill.stages import boilerplate, filters, normalize, quality
+from corpusmill.stages.base import merge_stats, write_json_atomic, write_table_atomic
 
 from ..executor import run_batch_part
 from ..progress import utc_now

@@ -8,8 +8,8 @@ from typing import Any, Optional
 
 from dask import delayed
 
-from stages import read
-from stages.base import atomic_file, merge_stats
+from corpusmill.stages import read
+from corpusmill.stages.base import atomic_file, merge_stats
 
 from ..config import Config
 from ..step import DocumentStep, StepContext, StepResult

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from dask import delayed
 
-from stages import manifest, shard
-from stages.base import write_json_atomic, write_text_atomic
+from corpusmill.stages import manifest, shard
+from corpusmill.stages.base import write_json_atomic, write_text_atomic
 
 from .. import __version__
 from ..progress import utc_now

@@ -12,8 +12,8 @@ from typing import Any, Optional
 import numpy as np
 from dask import delayed
 
-from stages import pack, tokenize
-from stages.base import write_table_atomic
+from corpusmill.stages import pack, tokenize
+from corpusmill.stages.base import write_table_atomic
 
 from ..config import Config
 from ..executor import sample_part

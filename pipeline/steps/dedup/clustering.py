@@ -11,7 +11,7 @@ import dask.dataframe as dd
 import numpy as np
 import pyarrow.parquet as pq
 
-from stages import components
+from corpusmill.stages import components
 
 from ...step import StepContext
 

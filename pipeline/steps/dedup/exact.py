@@ -10,8 +10,8 @@ from typing import Any
 
 import dask.dataframe as dd
 
-from stages import exact_dedup
-from stages.base import REMOVED_META
+from corpusmill.stages import exact_dedup
+from corpusmill.stages.base import REMOVED_META
 
 from ...step import StepContext, StepResult
 from . import removal

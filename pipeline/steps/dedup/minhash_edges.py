@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from dask import delayed
 
-from stages import minhash, near_dedup
+from corpusmill.stages import minhash, near_dedup
 
 from ...step import PipelineError, StepContext
 

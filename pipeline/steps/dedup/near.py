@@ -8,9 +8,9 @@ import dask.dataframe as dd
 import pyarrow as pa
 from dask import delayed
 
-from stages import near_dedup
-from stages.base import write_table_atomic
-from stages.shingles import ShingleSpec
+from corpusmill.stages import near_dedup
+from corpusmill.stages.base import write_table_atomic
+from corpusmill.stages.shingles import ShingleSpec
 
 from ...config import Config
 from ...step import StepContext, StepResult

@@ -11,8 +11,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 from dask import delayed
 
-from stages import exact_dedup, near_dedup
-from stages.base import REMOVED_META, merge_stats
+from corpusmill.stages import exact_dedup, near_dedup
+from corpusmill.stages.base import REMOVED_META, merge_stats
 
 from ...executor import attach_removed_text, removed_texts, run_batch_part
 from ...config import Config

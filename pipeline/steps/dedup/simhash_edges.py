@@ -8,7 +8,7 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 
-from stages import near_dedup, simhash
+from corpusmill.stages import near_dedup, simhash
 
 from ...step import StepContext
 
