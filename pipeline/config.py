@@ -323,6 +323,11 @@ class PackConfig(_Section):
     remainder: Literal["drop", "pad"] = Field(
         "drop", description="concat mode: drop the last incomplete window's tokens or pad it with pad_id."
     )
+    shuffle_documents: bool = Field(
+        True, description="Put the documents in a seeded random order across the whole corpus before packing, so a "
+        "window mixes sources (as Megatron and datatrove do); false: corpus order (runs of one source)."
+    )
+    seed: int = Field(0, description="Seed of the document order (shuffle_documents).")
 
 
 class ShardConfig(_Section):
