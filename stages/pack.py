@@ -1,9 +1,20 @@
 """Pack tokenized documents (each EOS-terminated) into samples of exactly seq_length + 1 ids.
 
+Document order (`pack.shuffle_documents`): by default the documents of the whole corpus are packed in
+a seeded random order (`order_keys`: a seeded hash of each uid), so a window mixes sources, as
+Megatron and datatrove do; the shard step's shuffle moves only whole windows. The order depends on
+the uids and the seed alone, never on partitioning: `document_index` reads every tokenized part's
+uids and lengths, `plan_groups` cuts the ordered stream into groups of about a fixed number of
+tokens, and `pack_group` gathers one group's documents out of the memory-mapped parts and packs it.
+With `shuffle_documents: false` each partition is packed in uid order by `pack_batch` (corpus order:
+runs of one source).
+
 Modes (`pack.mode`):
-- concat: documents joined in uid order and cut into windows; the few tokens left at the end of each
-  partition (the tails) are joined in partition order into further windows by `pack_tails`, so only
-  the very last incomplete window is dropped or padded, and counted.
+- concat: documents joined and cut into windows. Shuffled: one stream over the corpus, cut at
+  multiples of the window (only its last incomplete window is dropped or padded). In corpus order:
+  per partition, and the few tokens left at the end of each partition (the tails) are joined in
+  partition order into further windows by `pack_tails`, so only the very last incomplete window is
+  dropped or padded, and counted.
 - pad: one document per sample, truncated or padded with the pad id (mindformers' SFT convention;
   the shards then carry `labels` with -100 on padding).
 - best_fit: documents longer than a window are cut into window-sized pieces first, then the pieces
@@ -13,10 +24,14 @@ Every window records its padding (`n_pad`, always at the end of the window).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
-from .base import BatchResult
+from .base import BatchResult, read_table, write_table_atomic
 
 
 def window_schema(window: int) -> pa.Schema:
@@ -82,7 +97,11 @@ def _docs(tokens: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pad_one_per_sample(tokens: pa.Table, window: int, pad_id: int) -> BatchResult:
-    flat, lengths = _docs(tokens)
+    return _pad_windows(*_docs(tokens), window, pad_id)
+
+
+def _pad_windows(flat: np.ndarray, lengths: np.ndarray, window: int, pad_id: int) -> BatchResult:
+    """One document per window (documents given as their ids one after another and their lengths)."""
     n = len(lengths)
     out = np.full((n, window), pad_id, dtype=np.int32)
     starts = np.cumsum(lengths) - lengths
@@ -123,7 +142,11 @@ def best_fit_bins(sizes: np.ndarray, capacity: int) -> list[list[int]]:
 
 
 def _best_fit(tokens: pa.Table, window: int, pad_id: int) -> BatchResult:
-    flat, lengths = _docs(tokens)
+    return _best_fit_windows(*_docs(tokens), window, pad_id)
+
+
+def _best_fit_windows(flat: np.ndarray, lengths: np.ndarray, window: int, pad_id: int) -> BatchResult:
+    """Best-fit-decreasing windows of these documents (ids one after another, and their lengths)."""
     starts = np.cumsum(lengths) - lengths
     # pieces: every document cut into window-sized pieces (most documents are one piece)
     n_pieces = np.maximum(1, -(-lengths // window))
@@ -146,3 +169,157 @@ def _best_fit(tokens: pa.Table, window: int, pad_id: int) -> BatchResult:
         "pad_tokens": int(n_pad.sum()),
     }
     return BatchResult(kept=windows_table(out.reshape(-1), window, n_pad), stats=stats)
+
+
+# ---- the seeded document order across the corpus ----------------------------------------------
+
+ORDER_SALT = b"corpusmill.pack.order:"  # the order is not the input sample's (a hash of the bare uid)
+GATHER_IDS = 1 << 22  # ids placed per vectorised copy in `gather_ids` (bounds its index arrays to ~100 MB)
+
+
+def order_keys(uids: np.ndarray, seed: int) -> np.ndarray:
+    """A seeded 64-bit hash (xxh3) of each uid: documents are packed in increasing key order, which
+    depends on the uid and the seed alone, so neither partitioning nor workers change it."""
+    import xxhash
+
+    seed &= (1 << 64) - 1
+    return np.fromiter((xxhash.xxh3_64_intdigest(ORDER_SALT + u.to_bytes(8, "little", signed=True), seed)
+                        for u in np.asarray(uids, np.int64).tolist()), dtype=np.uint64, count=len(uids))
+
+
+def document_index(path: str, seed: int) -> dict[str, np.ndarray]:
+    """uid, n_tokens and order key of every document of one tokenized part (its ids are not read)."""
+    table = read_table(path, columns=["uid", "n_tokens"])
+    uids = table.column("uid").to_numpy().astype(np.int64, copy=False)
+    return {"uid": uids, "n_tokens": table.column("n_tokens").to_numpy().astype(np.int64), "key": order_keys(uids, seed)}
+
+
+@dataclass
+class DocumentOrder:
+    """Every document of the corpus in pack order: its part, its row in that part, its length."""
+
+    part: np.ndarray
+    row: np.ndarray
+    length: np.ndarray
+
+
+def document_order(index: list[dict[str, np.ndarray]]) -> DocumentOrder:
+    """The documents of all parts (`document_index` per part, in part order) sorted by (key, uid)."""
+    sizes = [len(x["uid"]) for x in index]
+    part = np.repeat(np.arange(len(index), dtype=np.int32), sizes)
+    row = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes]) if index else np.empty(0, np.int64)
+    cat = lambda k, dt: np.concatenate([x[k] for x in index]) if index else np.empty(0, dt)  # noqa: E731
+    order = np.lexsort((cat("uid", np.int64), cat("key", np.uint64)))
+    return DocumentOrder(part[order], row[order], cat("n_tokens", np.int64)[order])
+
+
+@dataclass
+class Group:
+    """One pack task: segments of documents in pack order. Segment i is `count[i]` ids of row `row[i]`
+    of part `part[i]`, from its `offset[i]`-th id; `length[i]` is that document's whole length."""
+
+    part: np.ndarray
+    row: np.ndarray
+    offset: np.ndarray
+    count: np.ndarray
+    length: np.ndarray
+
+    @property
+    def ids(self) -> int:
+        return int(self.count.sum())
+
+
+def plan_groups(order: DocumentOrder, window: int, mode: str, group_tokens: int) -> list[Group]:
+    """Cut the ordered documents into pack tasks of about `group_tokens` ids, from their lengths alone
+    (so the groups, and the windows, are the same however the corpus was partitioned).
+
+    concat: the stream of all ids cut at multiples of the window, `group_tokens // window` windows a
+    group (a document crossing a group boundary is split there; only the last group can end with an
+    incomplete window). pad: `group_tokens // window` documents a group, each cut to the window.
+    best_fit: a document belongs to the group in which its first id falls."""
+    lengths = order.length
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    total = int(ends[-1]) if len(ends) else 0
+    groups = []
+    if mode == "concat":
+        per_group = max(1, group_tokens // window) * window
+        for t0 in range(0, total, per_group):
+            t1 = min(total, t0 + per_group)
+            d0, d1 = int(np.searchsorted(ends, t0, "right")), int(np.searchsorted(starts, t1, "left"))
+            s, e = starts[d0:d1], ends[d0:d1]
+            first, last = np.maximum(s, t0), np.minimum(e, t1)
+            groups.append(Group(order.part[d0:d1], order.row[d0:d1], first - s, last - first, lengths[d0:d1]))
+        return groups
+    if mode == "pad":
+        bounds = list(range(0, len(lengths), max(1, group_tokens // window))) + [len(lengths)]
+    else:
+        first_of = np.flatnonzero(np.diff(starts // max(1, group_tokens), prepend=-1))
+        bounds = first_of.tolist() + [len(lengths)]
+    for d0, d1 in zip(bounds[:-1], bounds[1:]):
+        length = lengths[d0:d1]
+        count = np.minimum(length, window) if mode == "pad" else length
+        groups.append(Group(order.part[d0:d1], order.row[d0:d1], np.zeros(d1 - d0, np.int64), count, length))
+    return groups
+
+
+def concat_stats(lengths: np.ndarray, window: int) -> dict[str, int]:
+    """docs_in, tokens_in and docs_split of one concat stream of documents of these lengths (in order):
+    a document is split when a window boundary, or the stream's cut before its incomplete last
+    window, falls strictly inside it (as `pack_batch` counts per partition)."""
+    lengths = np.asarray(lengths, np.int64)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    total = int(ends[-1]) if len(ends) else 0
+    cut = total // window * window
+    inside = (starts < cut) & ((ends > cut) | (starts // window != (ends - 1) // window))
+    return {"docs_in": len(lengths), "tokens_in": total, "docs_split": int(inside.sum())}
+
+
+def _list_view(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets) of a list column: row r holds values[offsets[r]:offsets[r + 1]]. One chunk
+    (how parts are written) stays a view of the memory-mapped file."""
+    array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return (array.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False),
+            array.offsets.to_numpy().astype(np.int64))
+
+
+def gather_ids(parts: list[str], group: Group) -> np.ndarray:
+    """The ids of a group's segments one after another, picked out of the memory-mapped tokenized
+    parts (Arrow IPC): a part is opened once and only the rows asked for are read."""
+    out = np.empty(group.ids, np.int32)
+    dst = np.cumsum(group.count) - group.count
+    for p in np.unique(group.part).tolist():
+        sel = np.flatnonzero(group.part == p)
+        values, offsets = _list_view(read_table(parts[p], columns=["input_ids"]).column("input_ids"))
+        src, to, count = offsets[group.row[sel]] + group.offset[sel], dst[sel], group.count[sel]
+        if len(count) and (src + count > offsets[group.row[sel] + 1]).any():
+            raise ValueError(f"{parts[p]}: a segment reaches past its document")
+        batch = (np.cumsum(count) - count) // GATHER_IDS
+        cuts = [0, *(np.flatnonzero(np.diff(batch)) + 1).tolist(), len(count)]
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            c = count[lo:hi]
+            within = np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c)
+            out[np.repeat(to[lo:hi], c) + within] = values[np.repeat(src[lo:hi], c) + within]
+    return out
+
+
+def pack_group(parts: list[str], group: Group, window: int, mode: str, remainder: str, pad_id: int,
+               out_path: str) -> dict[str, Any]:
+    """Gather one group (`plan_groups`) and pack it into `out_path` (Arrow IPC, not written when it
+    holds no window). Returns its counts; concat's docs_in, tokens_in and docs_split come from
+    `concat_stats` over the whole stream, since a group may hold part of a document."""
+    flat = gather_ids(parts, group)
+    if mode == "concat":
+        table, stats = pack_tails([flat], window, remainder, pad_id)
+        stats = {"windows": stats["windows"], "tokens_dropped": stats["tokens_dropped"], "pad_tokens": stats["pad_tokens"],
+                 "ids": int(len(flat))}
+    else:
+        result = (_pad_windows if mode == "pad" else _best_fit_windows)(flat, group.count, window, pad_id)
+        table, stats = result.kept, dict(result.stats)
+        if mode == "pad":  # the ids past the window were never gathered: count them from the whole lengths
+            stats.update(tokens_in=int(group.length.sum()), docs_truncated=int((group.length > window).sum()),
+                         tokens_dropped=int((group.length - group.count).sum()))
+    if table.num_rows:
+        write_table_atomic(table, Path(out_path))
+    return stats

@@ -7,13 +7,13 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 from dask import delayed
 
 from corpusmill.stages import pack, tokenize
-from corpusmill.stages.base import write_table_atomic
+from corpusmill.stages.base import merge_stats, write_table_atomic
 
 from ..config import Config
 from ..executor import sample_part
@@ -129,23 +129,43 @@ class TokenizeStep(Step):
 
 
 class PackStep(Step):
+    """Windows of `pack.seq_length + 1` ids. By default the documents of the whole corpus are packed
+    in a seeded order (a hash of each uid, `stages.pack.order_keys`), so a window mixes sources: the
+    index pass reads every tokenized part's uids and lengths, the driver sorts them and cuts the
+    ordered stream into groups of about PACK_GROUP_TOKENS ids, and each task gathers its group's ids
+    out of the memory-mapped parts. No process holds more than a group. With
+    `pack.shuffle_documents: false` each part is packed in uid order (corpus order)."""
+
     name = "pack"
     config_sections = ("pack",)
     counters = ("mode", "tokens_in", "windows", "docs_split", "docs_truncated", "tokens_dropped", "pad_tokens",
                 "padding_share")
 
     def summary(self, s: dict) -> str:
-        return (f"{s['mode']}: {s['tokens_in']} tokens -> {s['windows']} windows; {s['docs_split']} docs split across "
-                f"windows, {s['docs_truncated']} truncated; {s['tokens_dropped']} tokens dropped, {s['pad_tokens']} pad "
-                f"tokens ({100 * s['padding_share']:.1f}% padding)")
+        order = f", documents in a seeded order (seed {s['order_seed']})" if "order_seed" in s else ""
+        return (f"{s['mode']}{order}: {s['tokens_in']} tokens -> {s['windows']} windows; {s['docs_split']} docs split "
+                f"across windows, {s['docs_truncated']} truncated; {s['tokens_dropped']} tokens dropped, {s['pad_tokens']} "
+                f"pad tokens ({100 * s['padding_share']:.1f}% padding)")
 
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         pc, window = ctx.cfg.pack, ctx.cfg.pack.seq_length + 1
         pad_id = ctx.output("tokenize", "tokenizer").pad_id
+        if pc.shuffle_documents:
+            stats = self._pack_shuffled(ctx, folder, window, pad_id)
+        else:
+            stats = self._pack_in_corpus_order(ctx, folder, window, pad_id)
+        stats["mode"] = pc.mode
+        stats.setdefault("docs_truncated", 0)
+        stats["tokens_kept"] = stats["tokens_in"] - stats["tokens_dropped"]
+        stats["padding_share"] = stats["pad_tokens"] / max(1, stats["windows"] * window)
+        return StepResult(stats)
+
+    def _pack_in_corpus_order(self, ctx: StepContext, folder: Path, window: int, pad_id: int) -> dict:
+        """Each part's documents in uid order; concat joins the parts' tails into the last windows."""
+        pc = ctx.cfg.pack
         stats, results = ctx.map_parts(self.reads, folder, pack.pack_batch,
                                        {"window": window, "mode": pc.mode, "pad_id": pad_id}, reader="arrow",
                                        suffix=".arrow")  # Arrow IPC: the shard step memory-maps it and picks rows
-        stats["mode"] = pc.mode
         if pc.mode == "concat":
             table, tail_stats = pack.pack_tails([r["extra"] for r in results], window, pc.remainder, pad_id)
             if table.num_rows:
@@ -154,7 +174,40 @@ class PackStep(Step):
             stats["tokens_dropped"] = stats.get("tokens_dropped", 0) + tail_stats.pop("tokens_dropped")
             stats["pad_tokens"] = stats.get("pad_tokens", 0) + tail_stats.pop("pad_tokens")
             stats.update(tail_stats)
-        stats.setdefault("docs_truncated", 0)
-        stats["tokens_kept"] = stats["tokens_in"] - stats["tokens_dropped"]
-        stats["padding_share"] = stats["pad_tokens"] / max(1, stats["windows"] * window)
-        return StepResult(stats)
+        return stats
+
+    def _pack_shuffled(self, ctx: StepContext, folder: Path, window: int, pad_id: int) -> dict:
+        """The corpus's documents in the seeded order, packed group by group (see the class)."""
+        pc = ctx.cfg.pack
+        parts = ctx.parts(self.reads)
+        index = ctx.run([delayed(pack.document_index)(p, pc.seed) for p in parts], "pack: document order")
+        order = pack.document_order(index)
+        del index
+        groups = pack.plan_groups(order, window, pc.mode, PACK_GROUP_TOKENS)
+        width = max(5, len(str(len(groups))))
+        ctx.log(f"  pack: {len(order.length)} documents of {len(parts)} parts in a seeded order (seed {pc.seed}) -> "
+                f"{len(groups)} groups of about {PACK_GROUP_TOKENS:,} ids")
+        results = ctx.run([delayed(_timed)(pack.pack_group, parts, g, window, pc.mode, pc.remainder, pad_id,
+                                           str(folder / f"part-{i:0{width}d}.arrow"), dask_key_name=f"pack-group-{i}")
+                           for i, g in enumerate(groups)], "pack: gather + pack")
+        stats: dict = {"windows": 0, "tokens_dropped": 0, "pad_tokens": 0, "docs_split": 0, "docs_truncated": 0}
+        for r in results:
+            merge_stats(stats, r)
+        if pc.mode == "concat":
+            gathered = stats.pop("ids", 0)
+            stats.update(pack.concat_stats(order.length, window))
+            if gathered != stats["tokens_in"]:
+                raise PipelineError(f"pack: gathered {gathered} ids of {stats['tokens_in']} tokenized")
+        stats.update(docs_in=len(order.length), order_seed=pc.seed, groups=len(groups))
+        return stats
+
+
+PACK_GROUP_TOKENS = 1 << 24  # ids a pack task gathers (64 MiB of int32); decided in the driver, from totals only
+
+
+def _timed(fn: Callable[..., dict], *args: Any) -> dict:
+    """`fn(*args)`'s stats with its seconds as `task_seconds` (the ledger's projection reads them)."""
+    started = time.perf_counter()
+    stats = fn(*args)
+    stats["task_seconds"] = time.perf_counter() - started
+    return stats
