@@ -48,6 +48,8 @@ def signature_part(in_path: str, out_path: str, spec: SignatureSpec) -> dict:
         "keep_key": pa.array(_keep_keys(table.column("meta").to_pylist(), spec.keep_field), pa.string()),
     }
     stats = {"docs": table.num_rows}
+    if spec.keep_field:  # the step stops when no document has the field, and says how many lack it
+        stats["keep_field_missing"] = cols["keep_key"].null_count
     sigs, n_sh, fps, n_feat = [], [], [], []
     for piece in _slices(texts, SLICE_BYTES):  # transient arrays stay bounded whatever the part size
         if spec.minhash is not None:
@@ -92,6 +94,7 @@ def _slices(texts: pa.Array, max_bytes: int):
 
 
 def _keep_keys(metas: list, field: Optional[str]) -> list:
+    """The `field` value of each document's input fields as text; None where it is absent or null."""
     if not field:
         return [None] * len(metas)
     out = []

@@ -173,3 +173,15 @@ def test_doctor_reports_ok_and_fails_on_a_missing_tokenizer(tmp_path):
     refused = _run(["run", str(cfg), "--out", str(tmp_path / "o")])  # the pipeline runs the same checks first
     assert refused.returncode == 2 and "preflight checks failed" in refused.stderr and "missing.model" in refused.stderr
     assert not (tmp_path / "o" / "00-read").exists()
+
+
+def test_dedup_keep_field_absent_from_every_document_exits_2_naming_it(tmp_path):
+    from tests.conftest import write_jsonl
+
+    write_jsonl(tmp_path / "c" / "a.jsonl", [{"text": f"document number {i} " * 30, "author": "x"} for i in range(20)])
+    out = _run(["dedup", str(tmp_path / "c"), "--keep", "field:date", "--out", str(tmp_path / "o")])
+    err = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert err[-1].startswith("corpusmill: error:") and "'date'" in err[-1] and "none of the 20 documents" in err[-1]
+    exact = _run(["dedup", str(tmp_path / "c"), "--methods", "exact", "--keep", "longest", "--out", str(tmp_path / "o2")])
+    assert exact.returncode == 2 and "--keep longest: applies to near duplicates" in exact.stderr

@@ -315,3 +315,40 @@ def test_duplicate_of_always_names_a_kept_document(dask_client, tmp_path):
     assert dict(zip(removed["id"], removed["duplicate_of"])) == {"base": "near", "base-copy": "near"}
     assert dict(zip(removed["id"], removed["reason"])) == {"base": "minhash", "base-copy": "exact"}
     assert set(removed["duplicate_of"]) <= kept
+
+
+def test_keep_field_that_no_document_has_stops_with_one_line_naming_it(near_corpus, dask_client, tmp_path):
+    """`--keep field:NAME` on input without NAME must not fall back to the lowest uid in silence (issue 20 item 10)."""
+    from corpusmill.pipeline.step import PipelineError
+
+    corpus, _ = near_corpus
+    with pytest.raises(PipelineError) as err:
+        _dedup(corpus, tmp_path / "out", dask_client, keep="field", keep_field="published")
+    message = str(err.value)
+    assert "'published'" in message and "none of the" in message and "\n" not in message
+    assert not (tmp_path / "out" / "kept").exists()
+
+
+def _half_dated_pairs(root: Path) -> int:
+    """Near-duplicate pairs: an undated original first (lowest uid), then a dated near copy."""
+    rng = random.Random(8)
+    vocab = [f"v{i}" for i in range(3000)]
+    docs = []
+    for i in range(12):
+        text = " ".join(rng.choice(vocab) for _ in range(300))
+        docs += [{"id": f"orig{i}", "text": text}, {"id": f"copy{i}", "text": _edit(text, rng, True, 3), "date": "2001-01-01"}]
+    write_jsonl(root / "docs.jsonl", docs)
+    return 12
+
+
+def test_documents_without_the_keep_field_lose_and_are_counted(dask_client, tmp_path):
+    undated = _half_dated_pairs(tmp_path / "corpus")
+    logs: list[str] = []
+    cfg = parse_config({"input": {"paths": [str(tmp_path / "corpus")]},
+                        "dedup": {"keep": "field", "keep_field": "date", "keep_order": "min"}})
+    result = Pipeline(cfg, tmp_path / "out", client=dask_client, log=logs.append, job="dedup").run()
+    removed = pq.read_table(str(tmp_path / "out" / "removed")).to_pandas()
+    # the dated copy wins even under "min" and against the lower uid: a document without the field loses
+    assert dict(zip(removed["id"], removed["duplicate_of"])) == {f"orig{i}": f"copy{i}" for i in range(undated)}
+    assert result.stages["near_dedup"]["keep_field_missing"] == undated
+    assert any(f"{undated} of {2 * undated} documents have no 'date' field" in line for line in logs)

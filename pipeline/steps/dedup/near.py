@@ -13,7 +13,7 @@ from corpusmill.stages.base import write_table_atomic
 from corpusmill.stages.shingles import ShingleSpec
 
 from ...config import Config
-from ...step import StepContext, StepResult
+from ...step import PipelineError, StepContext, StepResult
 from . import clustering, removal
 from .minhash_edges import minhash_edges
 from .simhash_edges import simhash_edges
@@ -36,6 +36,19 @@ class NearDedupStep(removal.DedupStep):
             normalize=self.normalize_opts,
         )
 
+    @staticmethod
+    def _check_keep_field(ctx: StepContext, name: str, docs: int, results: list[dict]) -> int:
+        """With keep: field, the documents without the field (they lose in their cluster). None
+        having it is a misspelt or absent field: an error, never a silent fall back to the lowest uid."""
+        missing = sum(r["keep_field_missing"] for r in results)
+        if docs and missing == docs:
+            raise PipelineError(f"keep field {name!r} (dedup.keep_field, --keep field:{name}): none of the {docs} "
+                                f"documents has it (or every value is null); name a field the input records carry, "
+                                f"or keep lowest_uid or longest")
+        if missing:
+            ctx.log(f"  near_dedup: {missing} of {docs} documents have no {name!r} field; in a cluster they lose to one that has it")
+        return missing
+
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         dc = ctx.cfg.dedup
         parts = ctx.parts(self.reads)
@@ -45,6 +58,8 @@ class NearDedupStep(removal.DedupStep):
         results = ctx.run([delayed(near_dedup.signature_part)(p, s, spec) for p, s in zip(parts, sig_paths)],
                           "near_dedup: signatures")
         stats: dict = {"docs_in": sum(r["docs"] for r in results), "edges": {}}
+        if spec.keep_field:
+            stats["keep_field_missing"] = self._check_keep_field(ctx, spec.keep_field, stats["docs_in"], results)
         edge_sets = []
         if dc.minhash.enabled:
             edge_sets.append(minhash_edges(ctx, sig_paths, parts, spec, stats))
