@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -61,8 +61,9 @@ def _add_dedup(sub: argparse._SubParsersAction) -> None:
     dedup.add_argument("--methods", help="comma-separated subset of exact,minhash,simhash "
                        "(default: the config's dedup section; without --config exact,minhash)")
     dedup.add_argument("--threshold", type=float, help="MinHash Jaccard threshold (dedup.minhash.threshold, default 0.8)")
-    dedup.add_argument("--keep", help="which document of a cluster is kept: lowest_uid (default), longest, or "
-                       "field:NAME[:min] (largest value of input field NAME, e.g. field:date for the newest)")
+    dedup.add_argument("--keep", help="which document of a near-duplicate cluster is kept: lowest_uid (default), "
+                       "longest, or field:NAME[:min] (largest value of input field NAME, e.g. field:date for the newest; "
+                       "documents without it lose, and an input where none has it is an error)")
     dedup.add_argument("--format", choices=["parquet", "jsonl"], default="parquet", help="format of DIR/kept/ (default parquet)")
     dedup.add_argument("--config", help="YAML config: its input (fields), normalize, dedup and cluster sections apply")
     dedup.add_argument("--resume", action="store_true", help="skip stages finished by an earlier run into --out")
@@ -134,7 +135,8 @@ def _add_shards(sub: argparse._SubParsersAction) -> None:
                                      description="Print the manifest's totals and decode the first samples with the "
                                      "tokenizer stored beside the shards.")
     inspect_.add_argument("dir", help="the shards/ directory (holding manifest.json)")
-    inspect_.add_argument("--decode", type=int, default=2, metavar="N", help="samples to decode (default 2)")
+    inspect_.add_argument("--decode", type=int, default=2, metavar="N", help="samples to decode (default 2), with "
+                          "their document boundaries marked: BOS as ⟨s⟩, EOS as ⟨/s⟩, trailing padding as ⟨pad×N⟩")
 
 
 def _add_config(sub: argparse._SubParsersAction) -> None:
@@ -294,15 +296,65 @@ def _cmd_shards(args) -> int:
     _log(json.dumps({k: v for k, v in manifest.items() if k != "files"}, indent=1, ensure_ascii=False))
     for e in manifest["files"]:
         _log(f"  {e['path']}: rank {e['rank']}, {e['samples']:,} samples, {e.get('tokens', 0):,} tokens")
-    sp = load_tokenizer(str(Path(args.dir) / manifest["tokenizer"]["path"]))
+    tok = manifest["tokenizer"]
+    sp = load_tokenizer(str(Path(args.dir) / tok["path"]))
     first = str(Path(args.dir) / manifest["files"][0]["path"])
-    data = ds.MindDataset([first], columns_list=["input_ids"], shuffle=False)
-    for i, (ids,) in enumerate(data.create_tuple_iterator(output_numpy=True, num_epochs=1)):
+    columns = ["input_ids", "labels"] if "labels" in manifest["columns"] else ["input_ids"]
+    data = ds.MindDataset([first], columns_list=columns, shuffle=False)
+    if args.decode > 0:
+        _log(f"document boundaries: {BOS_MARK} BOS (id {tok['bos_id']}), {EOS_MARK} EOS (id {tok['eos_id']}, a line "
+             f"break follows it), {PAD_MARK.format(n='N')} N padding ids (id {tok['pad_id']})")
+    for i, row in enumerate(data.create_tuple_iterator(output_numpy=True, num_epochs=1)):
         if i >= args.decode:
             break
-        _log(f"--- sample {i} of {manifest['files'][0]['path']} ({len(ids)} ids) ---")
-        _log(sp.decode([int(x) for x in ids]))
+        ids = row[0]
+        n_pad = trailing_padding(ids, row[1] if len(row) > 1 else None, tok["pad_id"], tok["eos_id"], tok["bos_id"])
+        ends = int((ids[: len(ids) - n_pad] == tok["eos_id"]).sum())
+        _log(f"--- sample {i} of {manifest['files'][0]['path']} ({len(ids)} ids: {ends} document ends, {n_pad} padding) ---")
+        _log(decode_window(sp, ids, tok["bos_id"], tok["eos_id"], n_pad))
     return 0
+
+
+BOS_MARK, EOS_MARK, PAD_MARK = "⟨s⟩", "⟨/s⟩", "⟨pad×{n}⟩"
+
+
+def trailing_padding(ids: Any, labels: Any, pad_id: int, eos_id: int, bos_id: int) -> int:
+    """The padding at the end of a sample: the masked labels (-100) when the shards carry labels;
+    otherwise the run of pad ids after the sample's last EOS (concat pads only the last window, after
+    a document's end), none when the pad id is EOS or BOS itself."""
+    import numpy as np
+
+    if labels is not None:
+        masked = np.asarray(labels) == -100
+        return int(len(masked) - np.flatnonzero(~masked)[-1] - 1) if (~masked).any() else len(masked)
+    ids = np.asarray(ids)
+    if pad_id in (eos_id, bos_id):
+        return 0
+    real = np.flatnonzero(ids != pad_id)
+    run = len(ids) - (int(real[-1]) + 1 if len(real) else 0)
+    return run if run and len(real) and ids[real[-1]] == eos_id else 0
+
+
+def decode_window(sp: Any, ids: Any, bos_id: int, eos_id: int, n_pad: int = 0) -> str:
+    """A sample's text with its document boundaries visible: each run of ordinary ids decoded on its
+    own, BOS as ⟨s⟩, EOS as ⟨/s⟩ and a line break, the trailing `n_pad` padding ids as ⟨pad×N⟩ (what
+    a plain decode hides: documents would run into one another)."""
+    body = [int(x) for x in ids[: len(ids) - n_pad]]
+    out: list[str] = []
+    run: list[int] = []
+    for t in body:
+        if t == bos_id or t == eos_id:
+            if run:
+                out.append(sp.decode(run))
+                run = []
+            out.append(BOS_MARK if t == bos_id else EOS_MARK + "\n")
+        else:
+            run.append(t)
+    if run:
+        out.append(sp.decode(run))
+    if n_pad:
+        out.append(PAD_MARK.format(n=n_pad))
+    return "".join(out)
 
 
 def _cmd_config(args) -> int:
@@ -505,6 +557,9 @@ def _cmd_dedup(args) -> int:
         elif policy not in ("lowest_uid", "longest"):
             raise ConfigError(f"--keep {args.keep}: expected lowest_uid, longest or field:NAME")
         cfg.dedup.keep = policy
+        if not (cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled):
+            raise ConfigError(f"--keep {args.keep}: applies to near duplicates (methods minhash, simhash); exact "
+                              "duplicates always keep the first copy (lowest uid)")
     if args.sample is not None:
         cfg.input.sample = args.sample
     cfg = parse_config(cfg.model_dump(mode="json"), "command line")  # re-validate the combination

@@ -171,3 +171,64 @@ def test_pack_rerun_after_a_crash_is_byte_identical(runs, dask_client):
     assert _digests(out / "06-pack") == before
     strip = lambda m: {k: v for k, v in json.loads(m).items() if k != "created_utc"}  # noqa: E731
     assert strip((out / "shards" / "manifest.json").read_text()) == strip(shards_before)
+
+
+def _inspect(shards: Path, n: int) -> str:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "corpusmill.pipeline.cli", "shards", "inspect", str(shards), "--decode", str(n)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def _samples(shards: Path, columns: list[str], n: int) -> list:
+    import mindspore.dataset as ds
+
+    manifest = json.loads((shards / "manifest.json").read_text())
+    data = ds.MindDataset([str(shards / manifest["files"][0]["path"])], columns_list=columns, shuffle=False)
+    return [row for _, row in zip(range(n), data.create_tuple_iterator(output_numpy=True, num_epochs=1))]
+
+
+def test_inspect_decode_marks_every_document_end_of_a_window(runs):
+    shards = runs["root"] / "shuffled" / "shards"
+    text = _inspect(shards, 3)
+    blocks = text.split("--- sample ")[1:]
+    eos = json.loads((shards / "manifest.json").read_text())["tokenizer"]["eos_id"]
+    assert len(blocks) == 3
+    for block, (ids,) in zip(blocks, _samples(shards, ["input_ids"], 3)):
+        ends = int((ids == eos).sum())
+        assert ends >= 2 and block.count("⟨/s⟩") == ends and f"{ends} document ends, 0 padding" in block
+        # the text between the markers is each document's decoded text: several sources in one window
+        assert len({source_of(piece) for piece in block.split("\n", 1)[1].split("⟨/s⟩") if source_of(piece)}) >= 2
+
+
+def test_inspect_decode_shows_padding_runs_of_padded_modes(runs, dask_client):
+    root = runs["root"]
+    cfg = _config(root / "corpus", tokenizer={"model": str(runs["model"])}, pack={"mode": "pad", "seq_length": 40})
+    Pipeline(cfg, root / "padded", client=dask_client, log=lambda m: None).run()
+    shards = root / "padded" / "shards"
+    text = _inspect(shards, 12)
+    rows = _samples(shards, ["input_ids", "labels"], 12)
+    padded = [int((labels == -100).sum()) for _, labels in rows]
+    assert any(padded) and not all(padded)  # short documents padded, long ones cut
+    for block, n in zip(text.split("--- sample ")[1:], padded):
+        assert (f"⟨pad×{n}⟩" in block) == (n > 0) and f"{n} padding" in block
+        assert block.count("⟨/s⟩") == (1 if n else 0)  # one document a sample; a cut one loses its EOS
+
+
+def test_trailing_padding_and_decode_window_with_a_real_tokenizer(runs):
+    from corpusmill.pipeline.cli import decode_window, trailing_padding
+    from corpusmill.stages.tokenize import load_tokenizer
+
+    sp = load_tokenizer(str(runs["model"]))
+    bos, eos, pad = sp.bos_id(), sp.eos_id(), sp.pad_id()
+    ids = np.array([bos, *sp.encode("abc def"), eos, bos, *sp.encode("nop"), eos, pad, pad, pad], np.int32)
+    assert trailing_padding(ids, None, pad, eos, bos) == 3
+    labels = np.where(np.arange(len(ids)) >= len(ids) - 3, -100, ids)
+    assert trailing_padding(ids, labels, pad, eos, bos) == 3
+    assert decode_window(sp, ids, bos, eos, 3) == "⟨s⟩abc def⟨/s⟩\n⟨s⟩nop⟨/s⟩\n⟨pad×3⟩"
+    # a pad id that is not after a document's end is text (an unknown piece), not padding
+    assert trailing_padding(np.array([*sp.encode("abc"), pad], np.int32), None, pad, eos, bos) == 0
+    assert trailing_padding(ids, None, eos, eos, bos) == 0
