@@ -14,7 +14,7 @@ import os
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Callable, Any, Literal, Optional
 
 from fastapi import Depends, FastAPI, HTTPException, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -240,8 +240,26 @@ def prepare_job(req: JobRequest, roots: DataRoots, job_id: str) -> tuple[dict, l
 
 # ---- the app ---------------------------------------------------------------------------
 def create_app(ctx: ServiceContext) -> FastAPI:
+    """The job API over `ctx` (its store, supervisor, data roots and token)."""
+    authorized = _bearer_check(ctx.token)
+    app = FastAPI(title="corpusmill", version=__version__, lifespan=_lifespan(ctx),
+                  description="Submit dedup, shard and pretraining jobs, follow them, fetch their reports.")
+    _add_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    # the order of the routes is the order of the OpenAPI document
+    _add_health(app)
+    _add_job_routes(app, ctx, authorized)
+    _add_job_files(app, ctx, authorized)
+    _add_cancel(app, ctx, authorized)
+    _add_metrics(app, ctx, authorized)
+    assert set(STATES) == {"queued", "running", "succeeded", "failed", "cancelled"}
+    return app
+
+
+def _bearer_check(token: str) -> Callable[..., None]:
+    """A dependency that refuses (401) a request without the service token."""
     bearer = HTTPBearer(auto_error=False, description="The service token (CORPUSMILL_TOKEN or --token-file).")
-    expected = ctx.token.encode()
+    expected = token.encode()
 
     def authorized(creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
         given = (creds.credentials if creds and creds.scheme.lower() == "bearer" else "").encode()
@@ -249,6 +267,11 @@ def create_app(ctx: ServiceContext) -> FastAPI:
             raise HTTPException(status_code=401, detail={"detail": "missing or wrong bearer token", "keys": []},
                                 headers={"WWW-Authenticate": "Bearer"})
 
+    return authorized
+
+
+def _lifespan(ctx: ServiceContext) -> Callable:
+    """The supervisor recovers interrupted jobs at start and runs until the app stops."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         ctx.supervisor.recover()
@@ -259,9 +282,11 @@ def create_app(ctx: ServiceContext) -> FastAPI:
             ctx.supervisor.shutdown()
             task.cancel()
 
-    app = FastAPI(title="corpusmill", version=__version__, lifespan=lifespan,
-                  description="Submit dedup, shard and pretraining jobs, follow them, fetch their reports.")
+    return lifespan
 
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error body is ErrorBody JSON ({detail, keys}), safe to encode whatever the request held."""
     @app.exception_handler(StarletteHTTPException)  # FastAPI's own and the ones it raises itself (body parsing)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         body = exc.detail if isinstance(exc.detail, dict) else {"detail": str(exc.detail), "keys": []}
@@ -280,19 +305,23 @@ def create_app(ctx: ServiceContext) -> FastAPI:
         detail = "; ".join(f"{k or 'body'}: {e['msg']}" for k, e in zip(keys, errors))
         return JSONResponse(_printable({"detail": detail, "keys": keys}), status_code=422)
 
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
-    def _row(job_id: str) -> dict:
-        row = ctx.store.get(job_id)
-        if row is None:
-            raise _error(404, f"no job {job_id}")
-        return row
+def _job_row(ctx: ServiceContext, job_id: str) -> dict:
+    row = ctx.store.get(job_id)
+    if row is None:
+        raise _error(404, f"no job {job_id}")
+    return row
 
+
+def _add_health(app: FastAPI) -> None:
     @app.get("/v1/health", response_model=Health, tags=["service"])
     def health() -> dict:
         """Liveness (no token needed)."""
         return {"status": "ok", "version": __version__}
 
+
+def _add_job_routes(app: FastAPI, ctx: ServiceContext, authorized: Callable) -> None:
+    """Submit, list and look at jobs."""
     @app.post("/v1/jobs", status_code=201, response_model=JobCreated, tags=["jobs"], dependencies=[Depends(authorized)],
               responses={**ERRORS, 403: {"model": ErrorBody, "description": "A path outside the data roots."},
                          400: {"model": ErrorBody, "description": "The body is not parseable JSON."},
@@ -323,13 +352,16 @@ def create_app(ctx: ServiceContext) -> FastAPI:
              responses={**ERRORS, 404: {"model": ErrorBody}})
     def get_job(job_id: str = PathParam(pattern=JOB_ID)) -> dict:
         """State, current stage, per-stage progress and timings, the ledger so far, the error when failed."""
-        return job_view(_row(job_id), ctx.dashboard)
+        return job_view(_job_row(ctx, job_id), ctx.dashboard)
 
+
+def _add_job_files(app: FastAPI, ctx: ServiceContext, authorized: Callable) -> None:
+    """What a job wrote: its report, ledger and log (read without following a link)."""
     @app.get("/v1/jobs/{job_id}/report", response_class=HTMLResponse, tags=["jobs"], dependencies=[Depends(authorized)],
              responses=text_errors(403, 404))
     def get_report(job_id: str = PathParam(pattern=JOB_ID)) -> HTMLResponse:
         """The run's report.html (written when a run or dedup job finishes); never through a symlink (403)."""
-        row = _row(job_id)
+        row = _job_row(ctx, job_id)
         if row["kind"] == "train":
             raise _error(404, "train jobs write no HTML report (see /ledger)")
         try:
@@ -344,7 +376,7 @@ def create_app(ctx: ServiceContext) -> FastAPI:
              responses={**ERRORS, 404: {"model": ErrorBody}})
     def get_ledger(job_id: str = PathParam(pattern=JOB_ID)) -> dict:
         """ledger.json (partial while running: the finished stages' counts); train jobs: summary.json."""
-        row = _row(job_id)
+        row = _job_row(ctx, job_id)
         view = job_view(row, ctx.dashboard)
         if row["kind"] == "train":
             if not view["train"]:
@@ -358,7 +390,7 @@ def create_app(ctx: ServiceContext) -> FastAPI:
              dependencies=[Depends(authorized)], responses=text_errors(403, 404))
     def get_log(job_id: str = PathParam(pattern=JOB_ID), tail: int = Query(200, ge=1, le=100000)) -> PlainTextResponse:
         """The last `tail` lines the job printed."""
-        _row(job_id)
+        _job_row(ctx, job_id)
         try:
             text = read_bytes(ctx.supervisor.job_dir(job_id) / LOG_NAME, LOG_TAIL_BYTES, tail=True).decode("utf-8", "replace")
         except LinkRefused as e:
@@ -367,6 +399,8 @@ def create_app(ctx: ServiceContext) -> FastAPI:
             text = ""
         return PlainTextResponse("\n".join(text.splitlines()[-tail:]) + "\n")
 
+
+def _add_cancel(app: FastAPI, ctx: ServiceContext, authorized: Callable) -> None:
     @app.post("/v1/jobs/{job_id}/cancel", status_code=202, response_model=JobStatus, tags=["jobs"],
               dependencies=[Depends(authorized)],
               responses={**ERRORS, 400: {"model": ErrorBody}, 404: {"model": ErrorBody},
@@ -375,18 +409,20 @@ def create_app(ctx: ServiceContext) -> FastAPI:
         """Cancel a queued job at once, or a running one (SIGINT, then SIGKILL after a grace period)."""
         from ..progress import utc_now
 
-        row = _row(job_id)
+        row = _job_row(ctx, job_id)
         if row["state"] == "queued" and ctx.store.update(job_id, expect=("queued",), state="cancelled",
                                                          cancel_requested=1, finished_utc=utc_now()):
-            return job_view(_row(job_id), ctx.dashboard)
+            return job_view(_job_row(ctx, job_id), ctx.dashboard)
         if ctx.store.update(job_id, expect=("running",), cancel_requested=1):
-            return job_view(_row(job_id), ctx.dashboard)
-        row = _row(job_id)
+            return job_view(_job_row(ctx, job_id), ctx.dashboard)
+        row = _job_row(ctx, job_id)
         if row["state"] in ACTIVE:  # it moved from queued to running in between: cancel the running job
             ctx.store.update(job_id, expect=ACTIVE, cancel_requested=1)
-            return job_view(_row(job_id), ctx.dashboard)
+            return job_view(_job_row(ctx, job_id), ctx.dashboard)
         raise _error(409, f"job {job_id} already {row['state']}")
 
+
+def _add_metrics(app: FastAPI, ctx: ServiceContext, authorized: Callable) -> None:
     @app.get("/metrics", response_class=PlainTextResponse, tags=["service"], dependencies=[Depends(authorized)],
              responses=text_errors())
     def metrics() -> PlainTextResponse:
@@ -395,6 +431,3 @@ def create_app(ctx: ServiceContext) -> FastAPI:
         live = {r["id"]: job_counters(r) for r in rows if r["state"] in ACTIVE or r["summary"] is None}
         return PlainTextResponse(prometheus_text(ctx.store.counts(), rows, live),
                                  media_type="text/plain; version=0.0.4")
-
-    assert set(STATES) == {"queued", "running", "succeeded", "failed", "cancelled"}
-    return app
