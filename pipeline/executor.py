@@ -1,4 +1,4 @@
-"""Task bodies that run on Dask workers: map a batch stage over one Parquet part.
+"""Task bodies that run on Dask workers: map a kernel over one part, sample texts, find removed texts.
 
 They live in an importable module (not in the driver script) so spawned workers can unpickle them
 by reference; they know the file layout but nothing of what the stage function does.
@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusmill.stages.base import DOC_SCHEMA, REMOVED_SCHEMA, BatchResult, read_rows, read_table, write_table_atomic, write_text_atomic
+from corpusmill.stages.base import DOC_SCHEMA, REMOVED_SCHEMA, BatchResult, read_rows, read_table, write_table_atomic
 
 
 def _as_table(data: Any, schema: pa.Schema) -> pa.Table:
@@ -71,117 +71,6 @@ def sample_part(path: str, seed: int, rate: float, max_chars: int, first_row_gro
         out.append(t)
         total += len(t)
     return out
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        if not -(1 << 63) <= value < (1 << 63):
-            return "bigint"
-        # beside floats an int becomes a double, which holds integers exactly only up to 2**53
-        return "int" if -(1 << 53) <= value <= (1 << 53) else "int64"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "str"
-    return "list" if isinstance(value, list) else "dict"
-
-
-def kept_field_kinds(path: str) -> dict[str, list[str]]:
-    """The JSON kinds each extra input field takes in one part (the first pass of a Parquet export:
-    the column types of kept/ are decided over all parts, so every file has the same schema)."""
-    import json
-
-    kinds: dict[str, set] = {}
-    for m in pq.read_table(path, columns=["meta"]).column("meta").to_pylist():
-        if m:
-            for name, value in json.loads(m).items():
-                kinds.setdefault(name, set()).add(_json_kind(value))
-    return {name: sorted(k) for name, k in kinds.items()}
-
-
-_ARROW_OF_KINDS = {frozenset({"str"}): pa.string(), frozenset({"int"}): pa.int64(), frozenset({"int64"}): pa.int64(),
-                   frozenset({"int", "int64"}): pa.int64(), frozenset({"float"}): pa.float64(),
-                   frozenset({"int", "float"}): pa.float64(), frozenset({"bool"}): pa.bool_()}
-
-
-def kept_field_types(kinds: dict[str, set]) -> dict[str, str]:
-    """One Parquet type per extra field: its own type when every document agrees (nulls allowed),
-    otherwise `json` (the value as JSON text), so a field whose type changes is kept, never dropped."""
-    types = {}
-    for name, k in sorted(kinds.items()):
-        arrow = _ARROW_OF_KINDS.get(frozenset(set(k) - {"null"}))
-        types[name] = str(arrow) if arrow is not None else ("string" if set(k) == {"null"} else "json")
-    return types
-
-
-def export_kept_part(path: str, out_dir: str, fmt: str, text_field: str, id_field: Optional[str],
-                     source_field: Optional[str], field_types: Optional[dict[str, str]] = None) -> int:
-    """Write kept documents with every field the input gave them: id, text, source and each other
-    field from meta. JSONL keeps every value as the input had it; Parquet uses `field_types`
-    (from `kept_field_types`) so every part has the same schema."""
-    import json
-
-    table = pq.read_table(path)
-    fixed: dict[str, pa.Array] = {}
-    if id_field:
-        fixed[id_field] = table.column("id")
-    fixed[text_field] = table.column("text")
-    if source_field:
-        fixed[source_field] = table.column("source")
-    metas = [json.loads(m) if m else {} for m in table.column("meta").to_pylist()]
-    stem = Path(path).stem
-    if fmt == "jsonl":
-        columns = {name: col.to_pylist() for name, col in fixed.items()}
-        lines = []
-        for i, meta in enumerate(metas):
-            rec = {name: values[i] for name, values in columns.items()}
-            rec.update((k, v) for k, v in meta.items() if k not in rec)
-            lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
-        write_text_atomic(Path(out_dir) / f"{stem}.jsonl", "".join(lines))
-        return len(metas)
-    arrays = dict(fixed)
-    for name, kind in (field_types or {}).items():
-        if name in arrays:
-            continue
-        values = [m.get(name) for m in metas]
-        if kind == "json":
-            arrays[name] = pa.array([None if v is None else json.dumps(v, ensure_ascii=False) for v in values], pa.string())
-        else:
-            arrays[name] = pa.array(values, type=pa.type_for_alias(kind))
-    write_table_atomic(pa.table(arrays), Path(out_dir) / f"{stem}.parquet")
-    return table.num_rows
-
-
-REMOVED_EXPORT_COLUMNS = ["uid", "id", "source", "reason", "duplicate_of", "duplicate_of_uid", "cluster_id",
-                          "cluster_size", "similarity", "text"]
-
-
-def export_removed_part(path: str, target: str, fmt: str = "parquet") -> int:
-    """A removed-documents part as the dedup job presents it, in the job's format (`target` is
-    written with the suffix .parquet or .jsonl): `duplicate_of` is the kept document's id, `text`
-    the removed document's text (or its excerpt). Returns the rows written."""
-    import json
-
-    df = pq.read_table(path).to_pandas()
-    out = pd.DataFrame({
-        "uid": df["uid"], "id": df["id"], "source": df["source"], "reason": df["reason"],
-        "duplicate_of": df["duplicate_of_id"], "duplicate_of_uid": df["duplicate_of"],
-        "cluster_id": df["cluster_id"], "cluster_size": df["cluster_size"], "similarity": df["score"],
-        "text": df["text"] if "text" in df else None,
-    })[REMOVED_EXPORT_COLUMNS]
-    target_path = Path(target).with_suffix("." + fmt)
-    if fmt == "jsonl":
-        rows = out.astype(object).where(out.notna(), None).to_dict("records")
-        write_text_atomic(target_path, "".join(json.dumps({k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()},
-                                                          ensure_ascii=False) + "\n" for r in rows))
-    else:
-        table = pa.Table.from_pandas(out.astype({"text": "string"}), preserve_index=False)
-        write_table_atomic(table, target_path)
-    return len(out)
 
 
 def removed_texts(part: str, uids: np.ndarray, chars: Optional[int]) -> dict[int, Optional[str]]:
