@@ -121,27 +121,21 @@ def test_shards_equal_per_rank_and_hold_every_kept_token(run):
     assert set(counts) == {0, 1} and len(set(counts.values())) == 1 and counts[0] == manifest["samples_per_rank"]
     assert all(r.dtype == np.int32 and r.shape == (window,) for rows in per_rank.values() for r in rows)
 
-    # packing is lossless: each part's windows followed by its tail reproduce its documents' tokens
-    tok_parts = sorted((out / "05-tokenize").glob("part-*.arrow"))
+    # packing is lossless: the documents of every part in the seeded order (pack.shuffle_documents),
+    # one stream cut every `window` ids; only the last incomplete window's ids are dropped
+    from corpusmill.stages.pack import order_keys
+
     eos = manifest["tokenizer"]["eos_id"]
-    tails, packed = [], []
-    for tp in tok_parts:
-        t = read_table(tp).sort_by("uid")
-        docs = t.column("input_ids").to_pylist()
-        assert all(d[-1] == eos for d in docs)  # EOS ends every document
-        stream = np.concatenate([np.asarray(d, np.int32) for d in docs]) if docs else np.empty(0, np.int32)
-        windows = read_table(out / "06-pack" / f"{tp.stem}.arrow").column("input_ids").to_pylist()
-        body = np.asarray(windows, np.int32).reshape(-1)
-        assert np.array_equal(stream[: len(body)], body)
-        tails.append(stream[len(body):])
-        packed.extend(tuple(w) for w in windows)
-    tail_stream = np.concatenate(tails)
-    tail_path = out / "06-pack" / "part-tail.arrow"
-    tail_windows = read_table(tail_path).column("input_ids").to_pylist() if tail_path.exists() else []
-    assert np.array_equal(np.asarray(tail_windows, np.int32).reshape(-1), tail_stream[: len(tail_windows) * window])
-    packed.extend(tuple(w) for w in tail_windows)
+    docs = [t for tp in sorted((out / "05-tokenize").glob("part-*.arrow")) for t in read_table(tp).to_pylist()]
+    assert all(d["input_ids"][-1] == eos for d in docs)  # EOS ends every document
+    uids = np.array([d["uid"] for d in docs], np.int64)
+    order = np.lexsort((uids, order_keys(uids, run["cfg"].pack.seed)))
+    stream = np.concatenate([np.asarray(docs[i]["input_ids"], np.int32) for i in order])
+    packed = [tuple(w) for p in sorted((out / "06-pack").glob("part-*.arrow")) for w in read_table(p).column("input_ids").to_pylist()]
+    body = np.asarray(packed, np.int32).reshape(-1)
+    assert np.array_equal(body, stream[: len(body)]) and len(stream) - len(body) < window
     ledger = json.loads((out / "ledger.json").read_text())
-    assert ledger["packing"]["tokens_dropped"] == len(tail_stream) - len(tail_windows) * window
+    assert ledger["packing"]["tokens_dropped"] == len(stream) - len(body)
 
     # shuffling and sharding lose nothing but the counted remainder for equal ranks
     sharded = collections.Counter(tuple(int(x) for x in r) for rows in per_rank.values() for r in rows)
@@ -203,15 +197,19 @@ def mindformers_site(request) -> Path:
     cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     site = Path(given) if given else cache.mkdir("mindformers-1.9.0") if cache is not None else \
         Path(tempfile.gettempdir()) / "corpusmill-test-mindformers-1.9.0"
+    import fcntl
+
     site.mkdir(parents=True, exist_ok=True)
     done = site / "installed.txt"
-    if not done.exists() or done.read_text() != "\n".join(MINDFORMERS):
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(site),
-                               *MINDFORMERS], capture_output=True, text=True, timeout=1800)
-        if proc.returncode:
-            pytest.skip("mindformers 1.9.0 could not be installed from the package registry: "
-                        + (proc.stderr.strip().splitlines() or ["pip failed"])[-1])
-        done.write_text("\n".join(MINDFORMERS))
+    with open(site.parent / (site.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers install it once, one after the other
+        if not done.exists() or done.read_text() != "\n".join(MINDFORMERS):
+            proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target",
+                                   str(site), *MINDFORMERS], capture_output=True, text=True, timeout=1800)
+            if proc.returncode:
+                pytest.skip("mindformers 1.9.0 could not be installed from the package registry: "
+                            + (proc.stderr.strip().splitlines() or ["pip failed"])[-1])
+            done.write_text("\n".join(MINDFORMERS))
     return site
 
 
