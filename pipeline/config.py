@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 CONFIG_VERSION = 2
 
@@ -180,7 +180,12 @@ class C4LinesConfig(_Section):
 class ChineseConfig(_Section):
     enabled: bool = Field(True, description="Rules for garbled and degenerate text; most matter for Chinese.")
     max_garbled_share: Optional[float] = Field(
-        0.01, ge=0, le=1, description="Replacement, private-use and C1 control characters and mojibake, per non-space character.")
+        0.01, ge=0, le=1, description="Replacement, private-use and C1 control characters and mojibake (a sequence "
+        "such as 锟斤拷 counts 3), per non-space character.")
+    max_garbled_chars: Optional[int] = Field(
+        2, ge=0, le=MAX_COUNT, description="...and only when the document also has more than this many of them, so "
+        "a short text is judged by a count (one rare character stored in the private-use area does not remove a "
+        "40-character poem) and a long one by the share; null: the share alone.")
     max_char_run: Optional[int] = Field(16, gt=0, le=MAX_COUNT, description="Longest run of one repeated letter (哈哈哈..., aaaa...).")
     max_punct_density: Optional[float] = Field(0.5, ge=0, le=1, description="Punctuation and symbols per non-space character.")
     min_cjk_share: Optional[float] = Field(None, ge=0, le=1, description="Chinese documents: CJK share of letters (null: report only).")
@@ -203,6 +208,121 @@ class BoilerplateLinesConfig(_Section):
     min_width: int = Field(6, ge=1, le=MAX_COUNT, description="Lines narrower than this (a CJK character is 2 wide) are never removed.")
 
 
+def _as_list(value: Any) -> Any:
+    """One value or a list of them: YAML reads naturally either way (`source: "debian:dict-*"`)."""
+    return [value] if isinstance(value, str) else value
+
+
+class FilterOverrideMatch(_Section):
+    """Which documents an override governs: every condition given must hold."""
+
+    source: Optional[list[str]] = Field(
+        None, description="Glob patterns (fnmatch, case-sensitive: * ? [abc]) over the document's source field; "
+        "one pattern or a list, any of them matching.")
+    language: Optional[list[Literal["zh", "en", "other"]]] = Field(
+        None, description="The filter's detected language (zh: CJK at least filter.scripts.cjk_share of the letters; "
+        "en: Latin at least half; other), as in the report's 'Filter by language'.")
+    script: Optional[list[Literal["han", "kana", "hangul", "latin", "cyrillic", "greek", "arabic", "other"]]] = Field(
+        None, description="The Unicode script holding most of the document's letters.")
+
+    @field_validator("source", "language", "script", mode="before")
+    @classmethod
+    def _one_or_list(cls, v: Any) -> Any:
+        return _as_list(v)
+
+    @field_validator("source")
+    @classmethod
+    def _patterns_not_empty(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        if v is not None and (not v or any(not p for p in v)):
+            raise ValueError("give one or more non-empty glob patterns")
+        return v
+
+    @model_validator(mode="after")
+    def _some_condition(self) -> "FilterOverrideMatch":
+        if not any(getattr(self, k) for k in type(self).model_fields):
+            raise ValueError("an override's match needs at least one of source, language, script")
+        return self
+
+    def label(self) -> str:
+        """`source=debian:dict-*,language=en`: an override's default name."""
+        return ",".join(f"{k}={'|'.join(v)}" for k, v in self.model_dump().items() if v)
+
+
+class FilterOverrideSettings(_Section):
+    """Filter settings an override changes, by family; what it leaves out keeps the `filter:` value. Dotted keys
+    (`gopher_quality.min_words: 5`) are the same as nested ones."""
+
+    length: Optional[LengthFilterConfig] = None
+    gopher_quality: Optional[GopherQualityConfig] = None
+    gopher_repetition: Optional[GopherRepetitionConfig] = None
+    c4: Optional[C4LinesConfig] = None
+    chinese: Optional[ChineseConfig] = None
+    scripts: Optional[ScriptConfig] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_dotted(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        out: dict = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()
+                     if not (isinstance(k, str) and "." in k)}
+        for key, value in data.items():
+            if not (isinstance(key, str) and "." in key):
+                continue
+            section, _, rest = key.partition(".")
+            target = out.setdefault(section, {})
+            if not isinstance(target, dict):
+                raise ValueError(f"'{key}' and '{section}' are both given")
+            if "." in rest or not rest:
+                raise ValueError(f"'{key}': a setting path is family.setting (e.g. gopher_quality.min_words)")
+            if rest in target:
+                raise ValueError(f"'{section}.{rest}' is given twice (dotted and nested)")
+            target[rest] = value
+        return out
+
+    @model_validator(mode="after")
+    def _sets_something(self) -> "FilterOverrideSettings":
+        for name in self.model_fields_set:
+            if getattr(self, name) is None or not getattr(self, name).model_fields_set:
+                raise ValueError(f"'{name}' sets nothing: leave it out or give its settings")
+        if not self.model_fields_set:
+            raise ValueError("an override's settings change nothing: give at least one filter setting")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _only_what_was_set(self, handler: Any) -> dict:
+        """The settings as written (not every default of a family): a resolved config.yaml read back
+        means the same override."""
+        dumped = handler(self)
+        return {name: {k: v for k, v in dumped[name].items() if k in getattr(self, name).model_fields_set}
+                for name in type(self).model_fields if name in self.model_fields_set}
+
+    def changed(self) -> dict[str, dict[str, Any]]:
+        """{family: {setting: value}} of what this override sets."""
+        return {name: {k: getattr(getattr(self, name), k) for k in getattr(self, name).model_fields_set}
+                for name in type(self).model_fields if name in self.model_fields_set}
+
+
+# settings that change how a document is scored (stages.quality.score_texts' options), not only the decision:
+# an override that sets one has its documents scored again with it
+FILTER_SCORING_SETTINGS = {("scripts", "cjk_share"), ("gopher_repetition", "cjk_ngram_scale"),
+                           ("c4", "short_line_chars"), ("c4", "short_line_chars_cjk")}
+
+
+class FilterOverride(_Section):
+    name: Optional[str] = Field(None, min_length=1, max_length=200, description="Shown in the report and in the removed "
+                                "rows' override column; null: made from the match (source=debian:dict-*).")
+    match: FilterOverrideMatch
+    settings: FilterOverrideSettings
+
+    def label(self) -> str:
+        return self.name if self.name is not None else self.match.label()
+
+    def scoring(self) -> bool:
+        """Whether this override sets a setting that changes the scores, not only the decision."""
+        return any((fam, key) in FILTER_SCORING_SETTINGS for fam, keys in self.settings.changed().items() for key in keys)
+
+
 class FilterConfig(_Section):
     length: LengthFilterConfig = Field(default_factory=LengthFilterConfig)
     gopher_quality: GopherQualityConfig = Field(default_factory=GopherQualityConfig)
@@ -216,6 +336,32 @@ class FilterConfig(_Section):
     audit_text_chars: Optional[int] = Field(
         2000, ge=0, le=MAX_COUNT, description="Characters of each removed document's text kept in its audit row "
         "(02-filter/removed/, column text), as it came in; null = the whole text, 0 = none.")
+    overrides: list[FilterOverride] = Field(
+        default_factory=list, description="Other settings for some documents: a list of {name, match: {source, "
+        "language, script}, settings: {family: {setting: value}} or {family.setting: value}}; the FIRST override whose "
+        "match fits a document decides it, with its settings over the ones above (the rest of filter: unchanged), "
+        "e.g. [{name: dictionaries, match: {source: 'debian:dict-*'}, settings: {gopher_quality.min_words: 5, "
+        "c4.min_terminal_line_share: null}}, {match: {language: zh}, settings: {gopher_repetition: "
+        "{cjk_threshold_scale: 3}}}]. Any setting of length, gopher_quality, gopher_repetition, c4, chinese and "
+        "scripts; a threshold change reuses the stored scores, a scoring setting (scripts.cjk_share, "
+        "gopher_repetition.cjk_ngram_scale, c4.short_line_chars*) rescores the override's documents. Languages and "
+        "scripts are matched as detected with the settings above.")
+
+    @model_validator(mode="after")
+    def _unique_override_names(self) -> "FilterConfig":
+        seen: dict[str, int] = {}
+        for i, o in enumerate(self.overrides):
+            name = o.label()
+            if name in seen:
+                raise ValueError(f"overrides {seen[name]} and {i} are both named '{name}': give each a distinct name")
+            seen[name] = i
+        return self
+
+    def for_override(self, override: FilterOverride) -> "FilterConfig":
+        """The settings a document governed by `override` is decided with: these, with the override's on top."""
+        update = {family: getattr(self, family).model_copy(update=values)
+                  for family, values in override.settings.changed().items()}
+        return self.model_copy(update={**update, "overrides": []})
 
 
 class ShinglingConfig(_Section):
@@ -478,16 +624,29 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
 
 
 def _model_at(model: type[BaseModel], loc: tuple) -> Optional[type[BaseModel]]:
+    """The section model at an error's location (list indexes skipped, Optional and list[...] looked into)."""
     for part in loc:
+        if isinstance(part, int):
+            continue
         field = model.model_fields.get(str(part))
-        if field is None:
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is None:
             return None
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            model = ann
-        else:
-            return None
+        model = inner
     return model
+
+
+def _model_in(ann: Any) -> Optional[type[BaseModel]]:
+    """The model class in an annotation such as Model, Optional[Model] or list[Model]."""
+    import typing
+
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in typing.get_args(ann):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _migrate_1_to_2(data: dict) -> list[str]:

@@ -110,6 +110,40 @@ def _filter_rules(r: ReportInputs) -> list[str]:
     return lines + [""]
 
 
+def _filter_overrides(r: ReportInputs) -> list[str]:
+    """filter.overrides: which documents each one decided, what it removed, and every rule it changed."""
+    overrides = r.extra.get("filter", {}).get("overrides") or []
+    if not overrides:
+        return []
+    flt = r.stats.get("filter") or {}
+    counts, removed = flt.get("by_override") or {}, flt.get("removed_by_override") or {}
+    lines = ["### Filter overrides (the first override a document matches decides it; removed rows name it in "
+             "their `override` column)", "",
+             "| override | matches | documents | kept | removed | top reasons |", "|---|---|---:|---:|---:|---|"]
+    for o in overrides:
+        c = counts.get(o["name"], {"in": 0, "out": 0})
+        match = "; ".join(f"{k} {', '.join(v)}" for k, v in o["match"].items())
+        top = sorted((removed.get(o["name"]) or {}).items(), key=lambda kv: -kv[1])[:4]
+        lines.append(f"| {_md_escape(o['name'])} | {_md_escape(match)} | {c['in']:,} | {c['out']:,} | "
+                     f"{c['in'] - c['out']:,} | " + ", ".join(f"{k} {v:,}" for k, v in top) + " |")
+    lines += ["", "| override | reason | score | keeps when (filter:) | keeps when (override) | applies to | "
+              "removed under the override |", "|---|---|---|---|---|---|---:|"]
+
+    def keeps(rule: dict, threshold, guard) -> str:
+        if threshold is None:
+            return "off"
+        return (">=" if rule["kind"] == "min" else "<=") + f" {threshold:g}" + (
+            f" (or {guard[0]} < {guard[1]:g})" if guard else "")
+
+    for o in overrides:
+        for rule in o["changed_rules"]:
+            n = (removed.get(o["name"]) or {}).get(rule["reason"], 0)
+            lines.append(f"| {_md_escape(o['name'])} | {rule['reason']} | `{rule['column']}` | "
+                         f"{keeps(rule, rule['base'], rule['base_guard'])} | {keeps(rule, rule['threshold'], rule['guard'])} | "
+                         f"{rule['applies_to'].replace('_', '-')} | {n:,} |")
+    return lines + [""]
+
+
 def _filter_by_lang(r: ReportInputs) -> list[str]:
     flt = r.stats.get("filter") or {}
     if not flt.get("by_lang"):
@@ -178,7 +212,8 @@ def _filtered_examples(r: ReportInputs) -> list[str]:
     lines = ["### Filtered examples (first 300 characters)", ""]
     for reason, items in examples.items():
         for item in items:
-            lines.append(f"- `{reason}` (score {item['score']:g}) {item['id']}: {_md_escape(item['text'])!s}")
+            under = f", override {_md_escape(item['override'])}" if item.get("override") is not None else ""
+            lines.append(f"- `{reason}` (score {item['score']:g}{under}) {item['id']}: {_md_escape(item['text'])!s}")
     return lines + [""]
 
 
@@ -267,7 +302,7 @@ def _training(r: ReportInputs) -> list[str]:
 # report.md, top to bottom: each section returns its lines (ending in a blank one), or none when the
 # run has nothing for it
 SECTIONS: tuple[Callable[[ReportInputs], list[str]], ...] = (
-    _header, _sample, _documents, _stages, _removed, _filter_rules, _filter_by_lang, _filter_by_source, _quarantined,
+    _header, _sample, _documents, _stages, _removed, _filter_rules, _filter_overrides, _filter_by_lang, _filter_by_source, _quarantined,
     _filtered_examples, _exact_duplicates, _near_duplicates, _tokenizer, _tokens_packing_shards, _training)
 
 

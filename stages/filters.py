@@ -4,6 +4,7 @@ are written once and a changed threshold is re-applied to them without recomputi
 """
 from __future__ import annotations
 
+import fnmatch
 import os
 from pathlib import Path
 from typing import Optional
@@ -13,19 +14,27 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .base import BatchResult, removed_frame, write_table_atomic
+from .base import REMOVED_SCHEMA, BatchResult, removed_frame, write_table_atomic
 from .boilerplate import strip_lines
-from .quality import decide, score_texts
+from .quality import decide, detected_language, dominant_script, score_texts
 
 
 def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = None, scores_path: Optional[str] = None,
                  reuse_scores: bool = False, keep_scripts: Optional[list[str]] = None, min_script_share: float = 0.0,
                  score_options: Optional[dict] = None, audit_text_chars: Optional[int] = 2000,
-                 name_lines: Optional[list[int]] = None) -> BatchResult:
+                 name_lines: Optional[list[int]] = None, overrides: Optional[list[dict]] = None) -> BatchResult:
     """Clean, score (or load the scores of) and decide one partition; the first failing rule is
     each removed document's reason, with its score, threshold and text (its first
-    `audit_text_chars` characters, as it came in)."""
+    `audit_text_chars` characters, as it came in).
+
+    `overrides` (see `override_plan`): each document is decided with the rules of the first override
+    it matches, or with `rules` / `keep_scripts` / `min_script_share`; documents of an override with
+    its own score options are scored with them. With overrides, removed rows carry an `override`
+    column (null: the base rules) and the stats count documents per override."""
     texts, sources = df["text"].tolist(), df["source"].fillna("").tolist()
+    src = np.asarray(sources, dtype=object)
+    overrides = overrides or []
+    options = score_options or {}
     lines_removed = np.zeros(len(df), dtype=np.int64)
     named: dict[int, Optional[list]] = dict.fromkeys(name_lines or [])
     if drop_lines:
@@ -36,12 +45,20 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
             raise RuntimeError(f"{scores_path}: stored scores do not match the partition's documents")
         scores = scores.drop(columns=["uid", "lines_removed"])
     else:
-        scores = score_in_chunks(texts, score_options or {})
+        scores = score_in_chunks(texts, options)
+        scores = _rescore_overrides(scores, texts, src, overrides, options)
         if scores_path:
             stored = pa.Table.from_pandas(scores, preserve_index=False)
             stored = stored.add_column(0, "uid", pa.array(df["uid"].to_numpy(dtype="int64")))
             write_table_atomic(stored.append_column("lines_removed", pa.array(lines_removed)), Path(scores_path))
-    reason, score, threshold = decide(scores, rules, keep_scripts, min_script_share)
+    group = match_overrides(src, scores, overrides, options.get("cjk_share", 0.3))
+    reason, score, threshold = np.full(len(df), None, dtype=object), np.full(len(df), np.nan), np.full(len(df), np.nan)
+    for k in np.unique(group):  # one vectorised decision per rule table: the base one (-1), each override's
+        rows = group == k
+        table = (rules, keep_scripts, min_script_share) if k < 0 else \
+            (overrides[k]["rules"], overrides[k].get("keep_scripts"), overrides[k].get("min_script_share", 0.0))
+        reason[rows], score[rows], threshold[rows] = decide(scores if rows.all() else scores[rows].reset_index(drop=True),
+                                                            *table)
     drop = pd.notna(reason)
     out = df.copy()
     if lines_removed.any():
@@ -50,7 +67,6 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
                                 text_chars=audit_text_chars)
     counts = pd.Series(reason[drop]).value_counts().to_dict() if drop.any() else {}
     lang = scores["lang"].to_numpy()
-    src = np.asarray(sources, dtype=object)
     stats = {
         "docs_in": len(df),
         "docs_out": int(len(df) - drop.sum()),
@@ -67,7 +83,56 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
         "boilerplate_line_texts": {str(h): v[0] for h, v in named.items() if v is not None},
         "boilerplate_line_removed": {str(h): v[1] for h, v in named.items() if v is not None},
     }
+    if overrides:
+        names = np.asarray([o["name"] for o in overrides] + [None], dtype=object)[group]  # group -1: the last, None
+        present = [o["name"] for k, o in enumerate(overrides) if (group == k).any()]
+        stats["by_override"] = {n: {"in": int((names == n).sum()), "out": int(((names == n) & ~drop).sum())} for n in present}
+        stats["removed_by_override"] = {n: _counts(reason[drop & (names == n)]) for n in present}
+        table = pa.Table.from_pandas(removed_out, schema=REMOVED_SCHEMA, preserve_index=False)
+        removed_out = table.append_column("override", pa.array(names[drop].tolist(), pa.string()))
     return BatchResult(kept=out[~drop].reset_index(drop=True), removed=removed_out, stats=stats)
+
+
+def match_overrides(sources: np.ndarray, scores: pd.DataFrame, overrides: list[dict], cjk_share: float) -> np.ndarray:
+    """Per document, the index of the first override it matches (-1: none). Sources are matched once
+    per distinct value; languages are the ones detected with the base `cjk_share` (so rescoring an
+    override's documents with its own cjk_share does not move them to another override)."""
+    n = len(sources)
+    group = np.full(n, -1, dtype=np.int64)
+    if not overrides or not n:
+        return group
+    distinct, inverse = np.unique(sources.astype(str), return_inverse=True)
+    lang = script = None
+    for k, o in enumerate(overrides):
+        fits = group < 0
+        if o.get("source"):
+            hit = np.fromiter((any(fnmatch.fnmatchcase(s, p) for p in o["source"]) for s in distinct), bool, len(distinct))
+            fits &= hit[inverse]
+        if o.get("language"):
+            lang = detected_language(scores, cjk_share) if lang is None else lang
+            fits &= np.isin(lang, o["language"])
+        if o.get("script"):
+            script = dominant_script(scores) if script is None else script
+            fits &= np.isin(script, o["script"])
+        group[fits] = k
+    return group
+
+
+def _rescore_overrides(scores: pd.DataFrame, texts: list[str], sources: np.ndarray, overrides: list[dict],
+                       options: dict) -> pd.DataFrame:
+    """Documents governed by an override with its own score options, scored again with them."""
+    if not any(o.get("score_options") for o in overrides):
+        return scores
+    group = match_overrides(sources, scores, overrides, options.get("cjk_share", 0.3))
+    columns = {c: scores[c].to_numpy().copy() for c in scores.columns}
+    for k in np.unique(group[group >= 0]):
+        if not overrides[k].get("score_options"):
+            continue
+        rows = np.flatnonzero(group == k)
+        again = score_in_chunks([texts[i] for i in rows], overrides[k]["score_options"])
+        for c in columns:
+            columns[c][rows] = again[c].to_numpy()
+    return pd.DataFrame(columns)
 
 
 SCORE_CHUNK_CHARS = 4_000_000  # scoring holds about 60 bytes per character: chunks bound the memory

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from .shingles import ShingleSpec, _component_hashes, _ranges, fmix64
 
-SCORES_VERSION = 2  # bump when a score's definition changes: stored scores of another version are recomputed
+SCORES_VERSION = 3  # bump when a score's definition changes: stored scores of another version are recomputed
 
 # ---- character classes -------------------------------------------------------------------
 # class ids (one per code point); letters are split by script
@@ -327,6 +327,7 @@ def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 
         "dup_para_char_share": paras["dup_segment_chars"] / np.maximum(paras["segment_chars"], 1),
         "lorem_ipsum": lorem.astype(np.int64),
         "garbled_share": (s["garbled_chars"] + 3 * mojibake) / np.maximum(s["nonspace_chars"], 1),
+        "garbled_chars": s["garbled_chars"] + 3 * mojibake,
         "max_char_run": s["max_char_run"],
         "punct_density": s["punct_density"],
         "cjk_share": s["cjk_share"],
@@ -349,7 +350,10 @@ def rule_table(fc) -> list[tuple]:
               ("too_many_chars", "chars", "max", L.max_chars, "all")]
     Z = fc.chinese  # degenerate text first: its reason says more than a repetition score
     if Z.enabled:
-        rules += [("garbled", "garbled_share", "max", Z.max_garbled_share, "all"),
+        # a share for long texts, a count for short ones: both must be exceeded (one rare character in the
+        # private-use area is 2% of a 44-character poem)
+        garbled_guard = None if Z.max_garbled_chars is None else ("garbled_chars", Z.max_garbled_chars + 1)
+        rules += [("garbled", "garbled_share", "max", Z.max_garbled_share, "all", garbled_guard),
                   ("char_run", "max_char_run", "max", Z.max_char_run, "all"),
                   ("punctuation_density", "punct_density", "max", Z.max_punct_density, "all"),
                   ("low_cjk_share", "cjk_share", "min", Z.min_cjk_share, "zh"),
@@ -389,6 +393,22 @@ def rule_table(fc) -> list[tuple]:
                    "all" if C.terminal_punctuation_for_zh else "non_zh"),
                   ("short_lines", "short_line_share", "max", C.max_short_line_share, "all")]
     return [(*r, None) if len(r) == 5 else r for r in rules if r[3] is not None]
+
+
+def dominant_script(scores: pd.DataFrame) -> np.ndarray:
+    """The script holding most of each document's letters (a SCRIPTS name; None without letters), from
+    the script_* shares, which no scoring option changes."""
+    names = list(SCRIPTS)
+    shares = np.column_stack([scores[f"script_{k}"].to_numpy(dtype=float) for k in names])
+    out = np.asarray(names, dtype=object)[np.argmax(shares, axis=1)] if len(shares) else np.zeros(0, dtype=object)
+    out[shares.max(axis=1, initial=0.0) <= 0] = None  # no letters: no script
+    return out
+
+
+def detected_language(scores: pd.DataFrame, cjk_share: float) -> np.ndarray:
+    """The `lang` column score_texts gives with this cjk_share, from the shares alone (no rescoring)."""
+    zh = scores["cjk_share"].to_numpy(dtype=float) >= cjk_share
+    return np.where(zh, "zh", np.where(scores["script_latin"].to_numpy(dtype=float) >= 0.5, "en", "other")).astype(object)
 
 
 def decide(scores: pd.DataFrame, rules: list, keep_scripts: Optional[list[str]] = None,
@@ -443,7 +463,8 @@ def describe_rules() -> dict[str, str]:
         "boilerplate": "too many lines of JavaScript / cookie / policy / copyright boilerplate",
         "few_terminal_lines": "too few lines end in terminal punctuation (lists, tables, fragments)",
         "short_lines": "too many very short lines (navigation, menus)",
-        "garbled": "replacement characters, private-use or C1 control characters, or mojibake",
+        "garbled": "replacement characters, private-use or C1 control characters, or mojibake: more than "
+                   "filter.chinese.max_garbled_share of the text and more than max_garbled_chars of them",
         "char_run": "a letter repeated too many times in a row",
         "punctuation_density": "mostly punctuation and symbols",
         "low_cjk_share": "a Chinese document with too few CJK characters among its letters",

@@ -16,10 +16,12 @@ from dask import delayed
 from corpusmill.stages import boilerplate, filters, normalize, quality
 from corpusmill.stages.base import merge_stats, write_json_atomic, write_table_atomic
 
+from ..config import FilterConfig
 from ..executor import run_batch_part
 from ..progress import utc_now
 from ..step import DocumentStep, StepContext, StepResult
 
+KERNEL_KEYS = ("name", "source", "language", "script", "rules", "keep_scripts", "min_script_share", "score_options")
 TOP_BOILERPLATE_LINES = 20  # the most frequent removed boilerplate lines the report lists, with their text
 SCORES_MARKER = "_DONE.json"
 
@@ -35,20 +37,23 @@ class NormalizeStep(DocumentStep):
 
 class FilterStep(DocumentStep):
     """Boilerplate lines, then quality scores, then the keep/drop decision. Lines and scores are
-    cached beside the step (02-filter.scores/) under a hash of what they depend on."""
+    cached beside the step (02-filter.scores/) under a hash of what they depend on: a changed
+    threshold, an override's included, reruns only the decision."""
 
     name = "filter"
     config_sections = ("filter",)
-    outputs = {"examples": dict, "rules": list, "scores_dir": str}
+    outputs = {"examples": dict, "rules": list, "scores_dir": str, "overrides": list}
 
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         fc = ctx.cfg.filter
         parts = ctx.parts(self.reads)
-        score_options = {"cjk_share": fc.scripts.cjk_share, "cjk_ngram_scale": fc.gopher_repetition.cjk_ngram_scale,
-                         "short_line_chars": fc.c4.short_line_chars, "short_line_chars_cjk": fc.c4.short_line_chars_cjk}
+        options = score_options(fc)
+        plan = override_plan(fc)
         cache = ctx.rundir.scores_cache(self.name)
-        scoring_hash = ctx.cfg.section_hash(extra=[ctx.link(self.reads), fc.boilerplate_lines.model_dump(), score_options,
-                                                   quality.SCORES_VERSION])
+        extra = [ctx.link(self.reads), fc.boilerplate_lines.model_dump(), options, quality.SCORES_VERSION]
+        if any(o["score_options"] for o in plan):  # which documents are rescored depends on every match before
+            extra.append([[o["source"], o["language"], o["script"], o["score_options"]] for o in plan])
+        scoring_hash = ctx.cfg.section_hash(extra=extra)
         marker = cache / SCORES_MARKER
         reuse = fc.keep_scores and marker.is_file() and json.loads(marker.read_text())["scoring_hash"] == scoring_hash
         if not reuse and cache.exists():
@@ -60,10 +65,12 @@ class FilterStep(DocumentStep):
         tasks = []
         for p in parts:
             kwargs = {"rules": rules, "drop_lines": drop_future, "keep_scripts": fc.scripts.keep,
-                      "min_script_share": fc.scripts.min_share, "score_options": score_options,
+                      "min_script_share": fc.scripts.min_share, "score_options": options,
                       "audit_text_chars": fc.audit_text_chars,
                       "name_lines": sorted({t["hash"] for t in line_stats.get("top", [])}),
                       "scores_path": str(cache / Path(p).name) if fc.keep_scores else None, "reuse_scores": reuse}
+            if plan:
+                kwargs["overrides"] = [{k: o[k] for k in KERNEL_KEYS} for o in plan]
             tasks.append(delayed(run_batch_part)(filters.filter_batch, p, str(folder), "pandas", kwargs))
         results = ctx.run(tasks, folder.name + ": " + ("decide (scores reused)" if reuse else "score + decide"))
         stats: dict = {}
@@ -80,11 +87,61 @@ class FilterStep(DocumentStep):
         stats["boilerplate_lines"] = line_stats
         outputs = {
             "examples": removed_examples(folder / "removed", ctx.rundir.folder(self.reads)),
-            "rules": [{"reason": name, "column": col, "kind": kind, "threshold": limit, "applies_to": applies,
-                       "guard": list(guard) if guard else None} for name, col, kind, limit, applies, guard in rules],
+            "rules": rule_dicts(rules),
             "scores_dir": str(cache) if fc.keep_scores else None,
+            "overrides": [{"name": o["name"], "match": {k: o[k] for k in ("source", "language", "script") if o[k]},
+                           "settings": o["settings"], "changed_rules": o["changed_rules"]} for o in plan],
         }
         return StepResult(stats, outputs)
+
+
+def score_options(fc: FilterConfig) -> dict:
+    """The settings score_texts takes: the rest of filter: only decides."""
+    return {"cjk_share": fc.scripts.cjk_share, "cjk_ngram_scale": fc.gopher_repetition.cjk_ngram_scale,
+            "short_line_chars": fc.c4.short_line_chars, "short_line_chars_cjk": fc.c4.short_line_chars_cjk}
+
+
+def rule_dicts(rules: list) -> list[dict]:
+    """quality.rule_table's tuples as the report reads them."""
+    return [{"reason": name, "column": col, "kind": kind, "threshold": limit, "applies_to": applies,
+             "guard": list(guard) if guard else None} for name, col, kind, limit, applies, guard in rules]
+
+
+def override_plan(fc: FilterConfig) -> list[dict]:
+    """filter.overrides as filters.filter_batch takes them: each one's match, its complete rule table
+    and script settings (the base settings with its own on top), its score options when they differ
+    from the base ones, and for the report what it sets and which rules it changes."""
+    base_options, base_rules = score_options(fc), _keyed_rules(fc)
+    plan = []
+    for o in fc.overrides:
+        eff = fc.for_override(o)
+        options = score_options(eff)
+        rules = _keyed_rules(eff)
+        changed = []
+        for key in dict.fromkeys([*base_rules, *rules]):  # base order, then rules only the override turns on
+            before, after = base_rules.get(key), rules.get(key)
+            if before != after:
+                r = after or before
+                changed.append({"reason": r["reason"], "column": r["column"], "kind": r["kind"],
+                                "applies_to": r["applies_to"], "base": before and before["threshold"],
+                                "base_guard": before and before["guard"], "threshold": after and after["threshold"],
+                                "guard": after and after["guard"]})
+        plan.append({"name": o.label(), "source": o.match.source, "language": o.match.language, "script": o.match.script,
+                     "rules": quality.rule_table(eff), "keep_scripts": eff.scripts.keep,
+                     "min_script_share": eff.scripts.min_share,
+                     "score_options": options if options != base_options else None,
+                     "settings": o.settings.model_dump(mode="json"), "changed_rules": changed})
+    return plan
+
+
+def _keyed_rules(fc: FilterConfig) -> dict[tuple, dict]:
+    """{(reason, column, applies_to): rule} with the script rule (decided apart) as one more."""
+    rules = {(r["reason"], r["column"], r["applies_to"]): r for r in rule_dicts(quality.rule_table(fc))}
+    if fc.scripts.keep:
+        column = "script_" + "+".join(fc.scripts.keep)
+        rules[("script_mix", "script", "all")] = {"reason": "script_mix", "column": column, "kind": "min",
+                                                  "threshold": fc.scripts.min_share, "applies_to": "all", "guard": None}
+    return rules
 
 
 def boilerplate_lines(ctx: StepContext, parts: list[str], cache: Path, reuse: bool) -> tuple[dict, dict]:
@@ -127,8 +184,8 @@ def removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3) -> 
     files = sorted(removed_dir.glob("*.parquet"))
     if not files:
         return {}
-    removed = pd.concat([pq.read_table(str(f), columns=["uid", "id", "reason", "score"]).to_pandas() for f in files],
-                        ignore_index=True)
+    columns = ["uid", "id", "reason", "score"] + (["override"] if "override" in pq.read_schema(files[0]).names else [])
+    removed = pd.concat([pq.read_table(str(f), columns=columns).to_pandas() for f in files], ignore_index=True)
     picked = removed.groupby("reason").head(per_reason)
     want = set(picked["uid"].tolist())
     texts: dict[int, str] = {}
@@ -141,6 +198,9 @@ def removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3) -> 
             break
     out: dict = {}
     for row in picked.itertuples():
-        out.setdefault(row.reason, []).append({"id": row.id, "score": row.score, "text": texts.get(int(row.uid), "")})
+        example = {"id": row.id, "score": row.score, "text": texts.get(int(row.uid), "")}
+        if isinstance(getattr(row, "override", None), str):  # decided under filter.overrides (null: not)
+            example["override"] = row.override
+        out.setdefault(row.reason, []).append(example)
     return out
 
