@@ -64,7 +64,8 @@ def test_fp16_with_dynamic_loss_scaling_skips_overflowed_steps_and_tracks_fp32(s
     # a skipped step does not move the schedule: the learning rate repeats after it
     first_skip = records.index(skipped[0])
     assert records[first_skip + 1]["lr"] == records[first_skip]["lr"]
-    assert fp16["loss_end_mean"] < fp16["loss_start_mean"] - 0.5
+    # it learns (16 steps on windows that mix sources: pack.shuffle_documents) and tracks fp32
+    assert fp16["loss_end_mean"] < fp16["loss_start_mean"] - 0.25, fp16
     assert abs(fp16["last_loss"] - fp32["last_loss"]) < 0.05 * fp32["last_loss"], (fp16["last_loss"], fp32["last_loss"])
 
 
