@@ -428,6 +428,9 @@ class DedupConfig(_Section):
     def _field_policy_names_a_field(self) -> "DedupConfig":
         if self.keep == "field" and not self.keep_field:
             raise ValueError("keep: field needs keep_field (the input field to compare)")
+        if self.keep != "lowest_uid" and not (self.minhash.enabled or self.simhash.enabled):
+            raise ValueError(f"keep: {self.keep} chooses within near-duplicate clusters, but no near-duplicate method "
+                             "is enabled (exact dedup always keeps the lowest uid): enable minhash or simhash, or drop keep")
         return self
 
 
@@ -473,7 +476,7 @@ class PackConfig(_Section):
         True, description="Put the documents in a seeded random order across the whole corpus before packing, so a "
         "window mixes sources (as Megatron and datatrove do); false: corpus order (runs of one source)."
     )
-    seed: int = Field(0, description="Seed of the document order (shuffle_documents).")
+    seed: int = Field(0, ge=0, le=MAX_SEED64, description="Seed of the document order (shuffle_documents; 0 to 2^64-1).")
 
 
 class ShardConfig(_Section):

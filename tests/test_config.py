@@ -65,3 +65,13 @@ def test_every_shipped_config_loads():
         assert cfg.config_version == 2 and not cfg.migration_notes, path
     big = load_config(CONFIG_DIR / "llama-7b.yaml").train.model
     assert (big.hidden_size, big.num_layers, big.num_heads, big.intermediate_size) == (4096, 32, 32, 11008)
+
+
+def test_a_keep_policy_without_a_near_duplicate_method_is_refused():
+    """exact dedup always keeps the lowest uid: a keep policy there would be silently ignored."""
+    off = {"minhash": {"enabled": False}, "simhash": {"enabled": False}}
+    with pytest.raises(ConfigError, match="no near-duplicate method"):
+        parse_config({"dedup": {"keep": "longest", **off}})
+    assert parse_config({"dedup": {"keep": "longest"}}).dedup.keep == "longest"  # minhash is on by default
+    with pytest.raises(ConfigError, match="pack.seed"):
+        parse_config({"pack": {"seed": -1}})
