@@ -556,10 +556,10 @@ def _cmd_dedup(args) -> int:
             cfg.dedup.keep_field, cfg.dedup.keep_order = name, order or "max"
         elif policy not in ("lowest_uid", "longest"):
             raise ConfigError(f"--keep {args.keep}: expected lowest_uid, longest or field:NAME")
-        cfg.dedup.keep = policy
-        if not (cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled):
+        if policy != "lowest_uid" and not (cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled):
             raise ConfigError(f"--keep {args.keep}: applies to near duplicates (methods minhash, simhash); exact "
                               "duplicates always keep the first copy (lowest uid)")
+        cfg.dedup.keep = policy
     if args.sample is not None:
         cfg.input.sample = args.sample
     cfg = parse_config(cfg.model_dump(mode="json"), "command line")  # re-validate the combination
@@ -672,8 +672,10 @@ def _flag_error(err: ValidationError) -> str:
     """One line per bad value, named by the flag that set it: `--threshold: must be <= 1 (got 1.5)`."""
     lines = []
     for e in err.errors():
-        name = str(e["loc"][-1]) if e["loc"] else "value"
-        lines.append(f"--{name.replace('_', '-')}: {e['msg']} (got {e.get('input')!r})")
+        if not e["loc"]:  # a check across fields: its message names them
+            lines.append(str(e["msg"]).removeprefix("Value error, "))
+            continue
+        lines.append(f"--{str(e['loc'][-1]).replace('_', '-')}: {e['msg']} (got {e.get('input')!r})")
     return "; ".join(lines)
 
 
