@@ -184,21 +184,37 @@ class Heartbeat:
         return False
 
 
-def run_tasks(client: Client, tasks: list, label: str) -> list:
-    """Compute delayed tasks on the cluster, in order, with a progress line."""
-    if not tasks:
-        return []
-    futures = client.compute(tasks)
-    progress = Progress(label, len(futures))
-    index = {f.key: i for i, f in enumerate(futures)}
-    results: list = [None] * len(futures)
+def follow(client: Client, futures: list, label: str, on_done: Optional[Callable[[Any], None]] = None) -> None:
+    """Wait for `futures` with a progress line (one step when there are none, so the label still shows);
+    `on_done` takes each future as it finishes. A task's exception is raised here and the others are
+    cancelled."""
+    progress = Progress(label, max(1, len(futures)))
     try:
         for future in as_completed(futures):
-            results[index[future.key]] = future.result()  # re-raises a task's exception here
+            if on_done is not None:
+                on_done(future)
+            elif future.status == "error":
+                future.result()  # re-raises the task's exception
+            progress.update()
+        if not futures:
             progress.update()
     except BaseException:
         client.cancel(futures)
         raise
     finally:
         progress.close()
+
+
+def run_tasks(client: Client, tasks: list, label: str) -> list:
+    """Compute delayed tasks on the cluster, in order, with a progress line."""
+    if not tasks:
+        return []
+    futures = client.compute(tasks)
+    index = {f.key: i for i, f in enumerate(futures)}
+    results: list = [None] * len(futures)
+
+    def collect(future: Any) -> None:
+        results[index[future.key]] = future.result()  # re-raises a task's exception here
+
+    follow(client, futures, label, collect)
     return results

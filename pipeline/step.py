@@ -26,8 +26,9 @@ from dask import delayed
 from corpusmill.stages.base import merge_stats, write_table_atomic
 
 from .config import Config
-from .engine import Progress, run_tasks
+from .engine import follow, run_tasks
 from .executor import run_batch_part
+from .ledger import FILTERED
 from .rundir import RunDir
 
 Log = Callable[[str], None]
@@ -109,7 +110,7 @@ class DocumentStep(Step):
 
     counts_documents = True
     counters = DOCUMENT_COUNTERS
-    removes: ClassVar[str] = "filtered"  # or "duplicates", "quarantined" (pipeline/ledger.py)
+    removes: ClassVar[str] = FILTERED  # or ledger.DUPLICATES, ledger.QUARANTINED
 
     def summary(self, stats: dict[str, Any]) -> str:
         return docs_summary(stats)
@@ -117,7 +118,8 @@ class DocumentStep(Step):
 
 class StepContext:
     """What a step may use. Earlier steps' results are read-only; the client is reached only through
-    `map_parts`, `run`, `compute` and `broadcast`, which report progress to the log and progress.json."""
+    `map_parts`, `run`, `persist`, `compute`, `write_partitions` (which report progress to the log and
+    progress.json), `broadcast` and `on_every_worker`."""
 
     def __init__(self, cfg: Config, rundir: RunDir, client: Any, log: Log, steps: Mapping[str, Step],
                  links: Mapping[str, str], results: Mapping[str, StepResult], export_format: str = "parquet"):
@@ -162,23 +164,10 @@ class StepContext:
         """Materialise a Dask collection (a shuffle, a groupby, a merge) on the workers, with a
         progress line over its output partitions (and its heartbeat while none finishes) that also
         reaches progress.json. Returns the persisted collection."""
-        from distributed import as_completed, futures_of
+        from distributed import futures_of
 
         persisted = self.client.persist(collection)
-        futures = futures_of(persisted)
-        progress = Progress(label, max(1, len(futures)))
-        try:
-            for future in as_completed(futures):
-                if future.status == "error":
-                    future.result()  # raises the task's exception here
-                progress.update()
-            if not futures:
-                progress.update()
-        except BaseException:
-            self.client.cancel(futures)
-            raise
-        finally:
-            progress.close()
+        follow(self.client, futures_of(persisted), label)
         return persisted
 
     def compute(self, collections: Any, label: str) -> Any:
@@ -187,6 +176,10 @@ class StepContext:
         persisted = self.persist([collections] if single else list(collections), label)
         results = self.client.compute(persisted, sync=True)
         return results[0] if single else results
+
+    def on_every_worker(self, fn: Callable[[], Any]) -> dict:
+        """`fn()` once in every worker process (a warm-up), {worker address: result}."""
+        return self.client.run(fn)
 
     def broadcast(self, value: Any) -> Any:
         """`value` on every worker once (a sorted uid array, a set of line hashes), for tasks to share."""

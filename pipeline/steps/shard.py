@@ -107,7 +107,7 @@ class ShardStep(Step):
         """Import the MindRecord writer on every worker once, before the write tasks; the seconds
         (the slowest worker) are reported apart from the writing."""
         started = time.perf_counter()
-        ctx.client.run(shard.warm_up_writer)
+        ctx.on_every_worker(shard.warm_up_writer)
         return time.perf_counter() - started
 
     @staticmethod
