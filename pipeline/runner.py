@@ -144,9 +144,10 @@ class Pipeline:
             ledger_checked = False
             for step in self.plan.steps:
                 if not step.counts_documents and not ledger_checked:
-                    build_ledger(self.stats, self._document_steps())  # checked before the long work after it
+                    doc_steps = self._document_steps()
+                    build_ledger(self.stats, doc_steps)  # checked before the long work after it
                     ledger_checked = True
-                    if self.job == "run" and not self.stats[list(self._document_steps())[-1]]["docs_out"]:
+                    if self.job == "run" and not self.stats[list(doc_steps)[-1]]["docs_out"]:
                         self._finish_empty(started)
                 self._execute(step, ctx, links.get(step.name))
         ledger = self._final_ledger(started)
@@ -156,25 +157,11 @@ class Pipeline:
         return RunResult(self.out, ledger, self.stats, train_summary, [n for n, r in self.results.items() if r.skipped])
 
     def _execute(self, step: Step, ctx: StepContext, link: Optional[str]) -> None:
-        """Run one step into a fresh folder, unless its marker says it is done with this link."""
-        if not step.resumable:
-            self._progress("stage_started", step.name)
-            started = time.perf_counter()
-            result = step.execute(ctx, self.out)
-            result.seconds = time.perf_counter() - started
-            self.results[step.name] = result
-            self._progress("stage_finished", step.name, result.seconds)
+        """Run one step into a fresh folder, unless its marker says it is done with this link (a step
+        that is not resumable has no folder or marker of its own and runs every time)."""
+        if step.resumable and self.resume and self._reuse(step, link):
             return
-        if self.resume:
-            marker = self.rundir.marker(step.name)
-            if marker is not None and marker.get("config_hash") == link:
-                result = StepResult(marker["stats"], marker.get("outputs", marker.get("extra", {})),
-                                    marker.get("seconds", 0.0), skipped=True)
-                self.results[step.name] = result
-                self._progress("stage_finished", step.name, result.seconds, skipped=True)
-                self.log(f"[{step.name}] done in an earlier run (config unchanged): {step.summary(result.stats)}; skipped")
-                return
-        folder = self.rundir.fresh_folder(step.name)
+        folder = self.rundir.fresh_folder(step.name) if step.resumable else self.out
         self._progress("stage_started", step.name)
         started = time.perf_counter()
         try:
@@ -191,16 +178,30 @@ class Pipeline:
             raise
         result.seconds = time.perf_counter() - started
         self.results[step.name] = result
-        self.rundir.write_marker(step.name, {
-            "stage": step.name,
-            "config_hash": link,
-            "stats": result.stats,
-            "outputs": result.outputs_json(),
-            "seconds": result.seconds,
-            "finished_utc": utc_now(),
-        })
+        if step.resumable:
+            self.rundir.write_marker(step.name, {
+                "stage": step.name,
+                "config_hash": link,
+                "stats": result.stats,
+                "outputs": result.outputs_json(),
+                "seconds": result.seconds,
+                "finished_utc": utc_now(),
+            })
         self._progress("stage_finished", step.name, result.seconds)
-        self.log(f"[{step.name}] {step.summary(result.stats)} in {result.seconds:.1f}s")
+        if step.resumable:
+            self.log(f"[{step.name}] {step.summary(result.stats)} in {result.seconds:.1f}s")
+
+    def _reuse(self, step: Step, link: Optional[str]) -> bool:
+        """Take the step's result from its marker when an earlier run finished it with this link."""
+        marker = self.rundir.marker(step.name)
+        if marker is None or marker.get("config_hash") != link:
+            return False
+        result = StepResult(marker["stats"], marker.get("outputs", marker.get("extra", {})), marker.get("seconds", 0.0),
+                            skipped=True)
+        self.results[step.name] = result
+        self._progress("stage_finished", step.name, result.seconds, skipped=True)
+        self.log(f"[{step.name}] done in an earlier run (config unchanged): {step.summary(result.stats)}; skipped")
+        return True
 
     def _progress(self, event: str, *args, **kwargs) -> None:
         if self.progress is not None:

@@ -62,12 +62,13 @@ class FilterStep(DocumentStep):
         drop_lines, line_stats = boilerplate_lines(ctx, parts, cache, reuse)
         drop_future = ctx.broadcast(drop_lines) if drop_lines else None
         rules = quality.rule_table(fc)
+        name_lines = sorted({t["hash"] for t in line_stats.get("top", [])})
         tasks = []
         for p in parts:
             kwargs = {"rules": rules, "drop_lines": drop_future, "keep_scripts": fc.scripts.keep,
                       "min_script_share": fc.scripts.min_share, "score_options": options,
                       "audit_text_chars": fc.audit_text_chars,
-                      "name_lines": sorted({t["hash"] for t in line_stats.get("top", [])}),
+                      "name_lines": name_lines,
                       "scores_path": str(cache / Path(p).name) if fc.keep_scores else None, "reuse_scores": reuse}
             if plan:
                 kwargs["overrides"] = [{k: o[k] for k in KERNEL_KEYS} for o in plan]

@@ -12,6 +12,7 @@ from corpusmill.stages import read
 from corpusmill.stages.base import atomic_file, merge_stats
 
 from ..config import Config
+from ..ledger import QUARANTINED
 from ..step import DocumentStep, StepContext, StepResult
 
 QUARANTINE_FILE = "quarantine.jsonl"
@@ -19,7 +20,7 @@ QUARANTINE_FILE = "quarantine.jsonl"
 
 class ReadStep(DocumentStep):
     name = "read"
-    removes = "quarantined"
+    removes = QUARANTINED
     config_sections = ("input",)
     counters = ("docs_in", "docs_out", "removed", "quarantined", "input_files")
     outputs = {"quarantine_examples": list}

@@ -16,6 +16,7 @@ from corpusmill.stages.base import REMOVED_META, merge_stats
 
 from ...executor import attach_removed_text, removed_texts, run_batch_part
 from ...config import Config
+from ...ledger import DUPLICATES
 from ...step import DocumentStep, StepContext
 
 
@@ -23,7 +24,7 @@ class DedupStep(DocumentStep):
     """What both dedup steps share: their removals are duplicates, their link hashes the dedup
     section, and what they hash is normalised first when the stored text is the original."""
 
-    removes = "duplicates"
+    removes = DUPLICATES
     config_sections = ("dedup",)
     outputs = {"examples": list}
     kind: ClassVar[str]  # "exact" | "near": part of the link, so the two never share a hash
@@ -157,19 +158,20 @@ def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, An
     """Remove what the near-duplicate search found, repoint exact duplicates of removed documents to
     their keeper, and summarise the clusters. Returns the report's examples."""
     files = sorted(str(p) for p in (folder / "removed").glob("*.parquet"))
-    table = pq.read_table(files, columns=["uid", "reason", "cluster_id", "cluster_size"]) if files else None
+    columns = ["uid", "reason", "cluster_id", "cluster_size", "duplicate_of", "duplicate_of_id"]
+    table = pq.read_table(files, columns=columns) if files else None
     drop = np.sort(table.column("uid").to_numpy()) if table is not None else np.empty(0, np.int64)
     stats["docs_out"] = remove_documents(ctx, source, folder, drop, None, "near_dedup: remove").get("docs_out", 0)
     reasons = table.column("reason").to_pandas().value_counts().to_dict() if table is not None else {}
     stats["removed"] = {str(k): int(v) for k, v in reasons.items()}
     exact_files = ctx.rundir.removed_files("exact_dedup")
     if exact_files:  # an exact duplicate of a document removed here names that document's keeper
-        near = (pq.read_table(files, columns=["uid", "duplicate_of", "duplicate_of_id"]).to_pandas()
-                if files else pd.DataFrame({"uid": [], "duplicate_of": [], "duplicate_of_id": []}))
+        near = (table.select(["uid", "duplicate_of", "duplicate_of_id"]).to_pandas() if table is not None
+                else pd.DataFrame({"uid": [], "duplicate_of": [], "duplicate_of_id": []}))
         stats["exact_repointed"] = near_dedup.repoint_exact_removed(exact_files, near)
     if table is None or not table.num_rows:
         return {}
-    sizes = table.to_pandas().drop_duplicates("cluster_id")["cluster_size"]
+    sizes = table.select(["cluster_id", "cluster_size"]).to_pandas().drop_duplicates("cluster_id")["cluster_size"]
     stats["clusters"] = int(len(sizes))
     stats["largest_cluster"] = int(sizes.max())
     stats["cluster_sizes"] = {str(k): int(v) for k, v in sizes.value_counts().sort_index().items()}
