@@ -40,9 +40,12 @@ def run_batch_part(fn: Callable[..., Any], in_path: str, out_dir: str, reader: s
     write_table_atomic(_as_table(result.kept, DOC_SCHEMA), Path(out_dir) / name)
     if result.removed is not None and len(result.removed):
         write_table_atomic(_as_table(result.removed, REMOVED_SCHEMA), Path(out_dir) / "removed" / (Path(name).stem + ".parquet"))
+    files = [name]
+    if result.removed is not None and len(result.removed):
+        files.append(f"removed/{Path(name).stem}.parquet")
     stats = dict(result.stats)
     stats["task_seconds"] = time.perf_counter() - start
-    return {"stats": stats, "extra": extra, "part": name}
+    return {"stats": stats, "extra": extra, "part": name, "files": files}
 
 
 def sample_part(path: str, seed: int, rate: float, max_chars: int, first_row_group_only: bool = False,

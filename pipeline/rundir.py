@@ -9,6 +9,7 @@ run's status without importing Dask or a stage (see docs/ARCHITECTURE.md, "The r
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Optional
@@ -27,11 +28,31 @@ STAGE_DIRS = {
     "shard": "shards",
 }
 MARKER = "_DONE.json"  # written last into a step's folder: the step finished with this config hash
+TASKS = "_tasks"  # one marker per finished task of a step: an unfinished step resumes from them
 REMOVED = "removed"  # a step's audit rows: one row per document it removed, with the reason
 CONFIG_FILE = "config.yaml"
 LEDGER_FILE = "ledger.json"
 SHARDS_STAGING = "shards.tmp"  # MindRecord files are written here, then the folder is renamed to shards/
 EXPORT_KEPT, EXPORT_REMOVED = "kept", "removed"  # what a dedup job hands over
+
+
+def file_stamp(path: str | Path) -> list[int]:
+    """Size and modification time of a file a task wrote: a part truncated or rewritten after the task
+    committed it no longer matches, and the task reruns."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def read_task_marker(path: Path) -> Optional[dict[str, Any]]:
+    """A task marker ({link, fingerprint, files, result}), or None when it is unreadable (a marker
+    is written atomically, so that means it was damaged after the fact: the task reruns)."""
+    try:
+        task = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = (isinstance(task, dict) and isinstance(task.get("files"), list) and "result" in task
+          and isinstance(task.get("stamps"), list) and len(task["stamps"]) == len(task["files"]))
+    return task if ok and all(isinstance(f, str) and ".." not in Path(f).parts for f in task["files"]) else None
 
 
 class RunDir:
@@ -72,6 +93,32 @@ class RunDir:
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
         return folder
+
+    def resume_folder(self, step: str, link: str) -> tuple[Path, int]:
+        """The step's folder holding only what finished tasks of an earlier try with this link
+        committed (their task markers and the files those name); everything else, a half-written
+        temporary file included, is removed. Returns the folder and how many tasks it keeps."""
+        folder = self.folder(step)
+        if not folder.is_dir():
+            return self.fresh_folder(step), 0
+        keep: set[Path] = set()
+        for marker in sorted((folder / TASKS).glob("*.json")):
+            task = read_task_marker(marker)
+            if task is None or task.get("link") != link or not all(
+                    (folder / f).is_file() and file_stamp(folder / f) == stamp for f, stamp in zip(task["files"], task["stamps"])):
+                continue  # another config's task, or a file changed since the task committed it: it reruns
+            keep.add(marker)
+            keep.update(folder / f for f in task["files"])
+        for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):  # files before their folders
+            if path in keep:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                if not any(path.iterdir()):
+                    path.rmdir()
+            else:
+                path.unlink()
+        (folder / TASKS).mkdir(exist_ok=True)
+        return folder, sum(1 for p in keep if p.parent == folder / TASKS)
 
     def file(self, name: str) -> Path:
         """A file or folder of the run itself (config.yaml, ledger.json, kept/, shards.tmp/ ...)."""

@@ -3,7 +3,8 @@ report and the hand-off to training. It knows nothing of what a step does (`pipe
 the steps and their order, `pipeline/steps/` holds them).
 
 Each step writes into its own folder and a `_DONE.json` marker last; `resume=True` skips a step whose
-marker carries the same link of the hash chain. The ledger is checked by the code itself: input =
+marker carries the same link of the hash chain, and an unfinished step keeps the tasks an earlier try
+finished with that link (`StepContext.run_parts`): only the missing ones run. The ledger is checked by the code itself: input =
 kept + filtered + duplicates + quarantined, per step and overall, before the first step that does
 not pass documents on.
 """
@@ -161,7 +162,14 @@ class Pipeline:
         that is not resumable has no folder or marker of its own and runs every time)."""
         if step.resumable and self.resume and self._reuse(step, link):
             return
-        folder = self.rundir.fresh_folder(step.name) if step.resumable else self.out
+        folder = self.out
+        if step.resumable and self.resume:
+            folder, kept = self.rundir.resume_folder(step.name, link or "")
+            if kept:
+                self.log(f"[{step.name}] resuming: {kept} task(s) finished in an earlier try are kept")
+        elif step.resumable:
+            folder = self.rundir.fresh_folder(step.name)
+        ctx.begin(folder if step.resumable else None, link)
         self._progress("stage_started", step.name)
         started = time.perf_counter()
         try:

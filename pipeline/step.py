@@ -29,7 +29,7 @@ from .config import Config
 from .engine import follow, run_tasks
 from .executor import run_batch_part
 from .ledger import FILTERED
-from .rundir import RunDir
+from .rundir import TASKS, RunDir, file_stamp, read_task_marker
 
 Log = Callable[[str], None]
 
@@ -129,6 +129,13 @@ class StepContext:
         self._links = MappingProxyType(dict(links))
         self._results = results
         self.n_workers = max(1, len(client.scheduler_info().get("workers", {})))
+        self._task_folder: Optional[Path] = None  # the running step's folder and link: where `run_parts` commits
+        self._task_link = ""
+
+    def begin(self, folder: Optional[Path], link: Optional[str]) -> None:
+        """The runner names the step about to run: its finished tasks are committed under its folder
+        with its link (None: a step without a folder of its own, whose tasks are not kept)."""
+        self._task_folder, self._task_link = folder, link or ""
 
     # ---- earlier steps ----------------------------------------------------------------------
     def link(self, step: str) -> str:
@@ -159,6 +166,31 @@ class StepContext:
     def run(self, tasks: list, label: str) -> list:
         """Compute delayed tasks in order, with a progress line."""
         return run_tasks(self.client, tasks, label)
+
+    def run_parts(self, tasks: list[tuple[str, Any, Optional[list[str]]]], label: str, fingerprint: str = "") -> list:
+        """`run` for tasks that each write their own files into the step's folder: (key, delayed task,
+        the files it writes, relative to the folder, or None when its result lists them as `files`).
+        A finished task commits a marker (`_tasks/KEY.json`: the step's link, `fingerprint`, its files
+        and its result) after its files, on the worker, so a run killed halfway keeps what finished and
+        its resume runs only the rest. `fingerprint` names what else the files depend on (the
+        tokenizer model's hash). A result that does not survive JSON unchanged is not committed."""
+        folder = self._task_folder
+        if folder is None:
+            return self.run([task for _, task, _ in tasks], label)
+        done: dict[int, Any] = {}
+        todo: list[tuple[int, Any]] = []
+        for i, (key, task, files) in enumerate(tasks):
+            marker = folder / TASKS / f"{key}.json"
+            found = read_task_marker(marker) if marker.is_file() else None
+            if found and found["link"] == self._task_link and found.get("fingerprint") == fingerprint:
+                done[i] = found["result"]
+            else:
+                todo.append((i, delayed(_commit)(task, str(folder), str(marker), self._task_link, fingerprint, files)))
+        if done:
+            self.log(f"  {label}: {len(done)} of {len(tasks)} tasks finished in an earlier try; running {len(todo)}")
+        for (i, _), result in zip(todo, self.run([t for _, t in todo], label) if todo else []):
+            done[i] = result
+        return [done[i] for i in range(len(tasks))]
 
     def persist(self, collection: Any, label: str) -> Any:
         """Materialise a Dask collection (a shuffle, a groupby, a merge) on the workers, with a
@@ -198,30 +230,53 @@ class StepContext:
 
     def map_parts(self, step: str, folder: Path, fn: Callable, kwargs: dict, reader: str = "pandas",
                   split_mb: Optional[float] = None, suffix: str = ".parquet", columns: Optional[list[str]] = None,
-                  label: Optional[str] = None) -> tuple[dict, list]:
-        """Map a batch kernel over the parts of `step` into `folder`. With `split_mb`, a part is cut
-        into row slices of about that much text (estimated from its Parquet size), so a slow kernel
-        spreads evenly over the workers; slice outputs are named so that they sort in the parts' order."""
+                  label: Optional[str] = None, fingerprint: str = "") -> tuple[dict, list]:
+        """Map a batch kernel over the parts of `step` into `folder`, one resumable task per output
+        (see `run_parts`). With `split_mb`, a part is cut into row slices of about that much text
+        (estimated from its Parquet size), so a slow kernel spreads evenly over the workers; slice
+        outputs are named so that they sort in the parts' order."""
         tasks = []
         for p in self.parts(step):
             k = 1
             if split_mb:
                 k = max(1, min(64, math.ceil(os.path.getsize(p) * TEXT_PER_PARQUET_BYTE / (split_mb * 2**20))))
             if k == 1:
-                tasks.append(delayed(run_batch_part)(fn, p, str(folder), reader, kwargs, suffix=suffix, columns=columns))
+                name = Path(p).stem + suffix
+                tasks.append((name, delayed(run_batch_part)(fn, p, str(folder), reader, kwargs, suffix=suffix,
+                                                            columns=columns), None))
                 continue
             n = pq.ParquetFile(p).metadata.num_rows
             bounds = np.linspace(0, n, k + 1).astype(int)
             stem = Path(p).stem
             for i in range(k):
-                tasks.append(delayed(run_batch_part)(fn, p, str(folder), reader, kwargs,
-                                                     (int(bounds[i]), int(bounds[i + 1])), f"{stem}-s{i:02d}{suffix}",
-                                                     columns=columns))
-        results = self.run(tasks, label or folder.name)
+                name = f"{stem}-s{i:02d}{suffix}"
+                tasks.append((name, delayed(run_batch_part)(fn, p, str(folder), reader, kwargs,
+                                                            (int(bounds[i]), int(bounds[i + 1])), name,
+                                                            columns=columns), None))
+        results = self.run_parts(tasks, label or folder.name, fingerprint)
         total: dict = {}
         for r in results:
             merge_stats(total, r["stats"])
         return total, results
+
+
+def _commit(result: Any, folder: str, marker: str, link: str, fingerprint: str, files: Optional[list[str]]) -> Any:
+    """A finished task's marker, written after its files (see `StepContext.run_parts`)."""
+    import json
+
+    files = list(files if files is not None else result.get("files", []))
+    try:
+        if json.loads(json.dumps(result)) != result:  # tuples, numpy numbers, int keys: not kept, the task reruns
+            return result
+    except (TypeError, ValueError):
+        return result
+    if all(os.path.isfile(os.path.join(folder, f)) for f in files):
+        from corpusmill.stages.base import write_json_atomic
+
+        stamps = [file_stamp(os.path.join(folder, f)) for f in files]
+        write_json_atomic(Path(marker), {"link": link, "fingerprint": fingerprint, "files": files, "stamps": stamps,
+                                         "result": result}, indent=None)
+    return result
 
 
 def _write_partition(df: Any, schema: Any, path: str) -> None:

@@ -499,3 +499,66 @@ def test_changed_threshold_reuses_scores_and_reruns_only_the_decision(run, dask_
             for u in pq.read_table(p, columns=["uid"]).column("uid").to_pylist()]
     assert (scores.loc[kept, "nonspace_chars"] >= 120).all()
     assert (out / "report.html").is_file()
+
+
+def _killed_copy(out: Path, dst: Path, stage: str, lose: int) -> tuple[list[str], int]:
+    """A copy of the finished run `out` as a run killed during `stage` would leave it: the later steps
+    absent, `stage` without its marker, `lose` of its tasks not finished (one of them with its part
+    written but its task marker not yet), and a temporary file half written. Returns the lost parts
+    and the tasks kept."""
+    import shutil
+
+    from corpusmill.pipeline.rundir import STAGE_DIRS, TASKS
+
+    shutil.copytree(out, dst)
+    names = list(STAGE_DIRS)
+    for later in names[names.index(stage) + 1:]:
+        shutil.rmtree(dst / STAGE_DIRS[later], ignore_errors=True)
+    folder = dst / STAGE_DIRS[stage]
+    (folder / "_DONE.json").unlink()
+    markers = sorted((folder / TASKS).glob("*.json"))
+    assert len(markers) > lose + 2, "every finished task left a marker"
+    lost = []
+    for k, marker in enumerate(markers[1:1 + lose]):
+        task = json.loads(marker.read_text())
+        marker.unlink()
+        if k:  # the first one had written its part but was killed before its marker: the part must be redone
+            for f in task["files"]:
+                (folder / f).unlink()
+        lost += task["files"]
+    (folder / ".part-99999.parquet.tmp-1-abcd").write_bytes(b"half a part")
+    return lost, len(markers) - lose
+
+
+@pytest.mark.parametrize("stage", ["filter", "tokenize"])
+def test_a_run_killed_inside_a_step_resumes_only_its_unfinished_tasks(run, dask_client, tmp_path, stage):
+    from corpusmill.pipeline.rundir import STAGE_DIRS
+
+    if stage == "filter":  # a killed filter step leaves its scores cache marked unfinished
+        cache = run["out"] / (STAGE_DIRS["filter"] + ".scores") / "_DONE.json"
+        assert json.loads(cache.read_text())["complete"] is True
+    import shutil
+
+    # the module's other tests rerun later steps of run["out"] under other configs: its uninterrupted
+    # result for this config is a resume of an untouched copy
+    shutil.copytree(run["out"], tmp_path / "whole")
+    Pipeline(run["cfg"], tmp_path / "whole", resume=True, client=dask_client, log=lambda m: None).run()
+    lost, kept = _killed_copy(run["out"], tmp_path / "out", stage, lose=3)
+    if stage == "filter":
+        marker = tmp_path / "out" / (STAGE_DIRS["filter"] + ".scores") / "_DONE.json"
+        marker.write_text(json.dumps({**json.loads(marker.read_text()), "complete": False}))
+    logs: list[str] = []
+    again = Pipeline(run["cfg"], tmp_path / "out", resume=True, client=dask_client, log=logs.append).run()
+    assert any(f"{kept} task(s) finished in an earlier try are kept" in m for m in logs), logs
+    assert any(f"{kept} of {kept + 3} tasks finished in an earlier try; running 3" in m for m in logs), logs
+    folder = STAGE_DIRS[stage]
+    for f in lost:  # the redone parts are the bytes of the uninterrupted run
+        assert (tmp_path / "out" / folder / f).read_bytes() == (run["out"] / folder / f).read_bytes(), f
+    assert not list((tmp_path / "out" / folder).glob(".*tmp*"))
+    before = json.loads((tmp_path / "whole" / "shards" / "manifest.json").read_text())
+    after = json.loads((tmp_path / "out" / "shards" / "manifest.json").read_text())
+    # MindRecord files hold their own path, so a copy elsewhere compares by the rows written and the tokenizer
+    assert [f["rows_xxh3_sum"] for f in after["files"]] == [f["rows_xxh3_sum"] for f in before["files"]]
+    assert after["tokenizer"]["sha256"] == before["tokenizer"]["sha256"]
+    assert again.ledger["kept"] == run["result"].ledger["kept"]
+    assert again.ledger["filtered"] == run["result"].ledger["filtered"]

@@ -55,10 +55,14 @@ class FilterStep(DocumentStep):
             extra.append([[o["source"], o["language"], o["script"], o["score_options"]] for o in plan])
         scoring_hash = ctx.cfg.section_hash(extra=extra)
         marker = cache / SCORES_MARKER
-        reuse = fc.keep_scores and marker.is_file() and json.loads(marker.read_text())["scoring_hash"] == scoring_hash
-        if not reuse and cache.exists():
+        cached = json.loads(marker.read_text()) if marker.is_file() else {}
+        same = cached.get("scoring_hash") == scoring_hash
+        reuse = fc.keep_scores and same and cached.get("complete", True)
+        if not same and cache.exists():  # scores of a half-finished try with the same hash stay: its tasks resume
             shutil.rmtree(cache)
         cache.mkdir(exist_ok=True)
+        if fc.keep_scores and not same:
+            write_json_atomic(marker, {"scoring_hash": scoring_hash, "complete": False, "started_utc": utc_now()})
         drop_lines, line_stats = boilerplate_lines(ctx, parts, cache, reuse)
         drop_future = ctx.broadcast(drop_lines) if drop_lines else None
         rules = quality.rule_table(fc)
@@ -72,13 +76,15 @@ class FilterStep(DocumentStep):
                       "scores_path": str(cache / Path(p).name) if fc.keep_scores else None, "reuse_scores": reuse}
             if plan:
                 kwargs["overrides"] = [{k: o[k] for k in KERNEL_KEYS} for o in plan]
-            tasks.append(delayed(run_batch_part)(filters.filter_batch, p, str(folder), "pandas", kwargs))
-        results = ctx.run(tasks, folder.name + ": " + ("decide (scores reused)" if reuse else "score + decide"))
+            name = Path(p).stem + ".parquet"
+            tasks.append((name, delayed(run_batch_part)(filters.filter_batch, p, str(folder), "pandas", kwargs), None))
+        results = ctx.run_parts(tasks, folder.name + ": " + ("decide (scores reused)" if reuse else "score + decide"),
+                                fingerprint=scoring_hash)
         stats: dict = {}
         for r in results:
             merge_stats(stats, r["stats"])
         if fc.keep_scores and not reuse:
-            write_json_atomic(marker, {"scoring_hash": scoring_hash, "finished_utc": utc_now()})
+            write_json_atomic(marker, {"scoring_hash": scoring_hash, "complete": True, "finished_utc": utc_now()})
         stats["scores_reused"] = bool(reuse)
         texts = stats.pop("boilerplate_line_texts", {})
         times = stats.pop("boilerplate_line_removed", {})

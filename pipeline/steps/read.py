@@ -46,7 +46,8 @@ class ReadStep(DocumentStep):
                 running[seg.file_index] = running.get(seg.file_index, 0) + n
         opts = read.ReadOptions(ic.text_field, ic.id_field, ic.source_field, int(ic.part_size_mb * 2**20),
                                 sample=ic.sample, sample_seed=ic.sample_seed, on_error=ic.on_error)
-        results = ctx.run([delayed(read.read_unit)(u, opts, str(folder)) for u in units], "read")
+        results = ctx.run_parts([(f"unit-{u.index:05d}", delayed(_read_unit)(u, opts, str(folder)), None) for u in units],
+                                "read")
         stats: dict = {}
         with atomic_file(folder / QUARANTINE_FILE) as q:
             for r in results:
@@ -66,3 +67,10 @@ class ReadStep(DocumentStep):
             ctx.log("  read: no document survived reading (every record was quarantined or the input holds none)")
         examples = [rec for r in results for rec in r["quarantine"]][:20]
         return StepResult(stats, {"quarantine_examples": examples})
+
+
+def _read_unit(unit: Any, opts: Any, out_dir: str) -> dict:
+    """`read.read_unit`, its parts named as the files a resumed run keeps."""
+    result = read.read_unit(unit, opts, out_dir)
+    result["files"] = list(result["parts"])
+    return result

@@ -2,6 +2,7 @@
 sample of this corpus, checked before use) -> fixed-length windows."""
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import time
@@ -77,7 +78,8 @@ class TokenizeStep(Step):
         stats, _ = ctx.map_parts(self.reads, folder, tokenize.tokenize_batch,
                                  {"model_path": str(model_path), "add_bos": tc.add_bos, "add_eos": tc.add_eos,
                                   "batch_docs": tc.batch_docs}, reader="arrow", split_mb=TOKENIZE_SLICE_MB,
-                                 suffix=".arrow", columns=["uid", "text"])  # uncompressed Arrow IPC: 3x faster to write than zstd Parquet
+                                 suffix=".arrow", columns=["uid", "text"],  # a resumed try keeps parts of this model only
+                                 fingerprint=hashlib.sha256(model_path.read_bytes()).hexdigest())  # uncompressed Arrow IPC: 3x faster to write than zstd Parquet
         stats["prepare_s"] = round(prepared - started, 3)  # sample, train or copy the model, checks
         stats["encode_s"] = round(time.perf_counter() - prepared, 3)
         return StepResult(stats, {"tokenizer": info})
@@ -187,9 +189,10 @@ class PackStep(Step):
         width = max(5, len(str(len(groups))))
         ctx.log(f"  pack: {len(order.length)} documents of {len(parts)} parts in a seeded order (seed {pc.seed}) -> "
                 f"{len(groups)} groups of about {PACK_GROUP_TOKENS:,} ids")
-        results = ctx.run([delayed(_timed)(pack.pack_group, parts, g, window, pc.mode, pc.remainder, pad_id,
-                                           str(folder / f"part-{i:0{width}d}.arrow"), dask_key_name=f"pack-group-{i}")
-                           for i, g in enumerate(groups)], "pack: gather + pack")
+        names = [f"part-{i:0{width}d}.arrow" for i in range(len(groups))]
+        results = ctx.run_parts([(name, delayed(_timed)(pack.pack_group, parts, g, window, pc.mode, pc.remainder, pad_id,
+                                                        str(folder / name), dask_key_name=f"pack-group-{i}"), [name])
+                                 for i, (name, g) in enumerate(zip(names, groups))], "pack: gather + pack")
         stats: dict = {"windows": 0, "tokens_dropped": 0, "pad_tokens": 0, "docs_split": 0, "docs_truncated": 0}
         for r in results:
             merge_stats(stats, r)
