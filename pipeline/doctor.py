@@ -15,14 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-OK, WARNING, ERROR = "ok", "warning", "error"
+from .resources import SHARD_BYTES_PER_INPUT_BYTE, STAGE_BYTES_PER_INPUT_BYTE
 
-# bytes on disk per byte of input text, by the end of a run: stage parts (Parquet, zstd) for the
-# document stages, token parts (4 bytes per token, ~0.3 tokens per byte) and shards (the same again)
-STAGE_BYTES_PER_INPUT_BYTE = 3.0
-SHARD_BYTES_PER_INPUT_BYTE = 1.3
-# peak memory of one worker per byte of its partition's text (Arrow text, pandas copies, signatures)
-WORKER_BYTES_PER_PARTITION_BYTE = 6.0
+OK, WARNING, ERROR = "ok", "warning", "error"
 
 
 @dataclass
@@ -130,23 +125,37 @@ def _input_bytes(paths: list[str]) -> int:
     return sum(os.path.getsize(f) for f in expand_inputs(paths))
 
 
-def check_memory(cfg: Any, available: Optional[int] = None) -> list[Check]:
+def check_memory(cfg: Any, available: Optional[int] = None, cluster: Optional[tuple[int, Optional[int]]] = None) -> list[Check]:
+    """The resource plan (`pipeline/resources.py`) for the input at hand: an error when one worker's
+    peak does not fit its memory limit, or the workers and the driver together do not fit the
+    machine (LocalCluster); then training's own estimate. `cluster`: (workers, limit) a scheduler
+    at `cluster.address` reported."""
     from corpusmill.trainer.memory import available_memory
+
+    from .resources import plan_resources
 
     available = available_memory() if available is None else available
     if available is None:
         return [Check("memory", WARNING, "cannot read the free memory (no /proc/meminfo)")]
-    cpus = os.cpu_count() or 1
-    workers = 0 if cfg.cluster.address else (cfg.cluster.n_workers or cpus) * cfg.cluster.threads_per_worker
-    part = cfg.input.part_size_mb * 2**20
-    need = workers * part * WORKER_BYTES_PER_PARTITION_BYTE
-    if not cfg.tokenizer.model:
-        need += cfg.tokenizer.train.max_sample_mb * 2**20 * 4  # sentencepiece holds the sample several times over
-    status = ERROR if need > available else WARNING if need > 0.8 * available else OK
-    return [Check("memory", status, f"about {need / 2**30:.1f} GiB needed (partitions x workers, tokenizer sample) "
-                  f"of {available / 2**30:.1f} GiB available",
-                  "lower input.part_size_mb or cluster.n_workers, or tokenizer.train.max_sample_mb"),
-            *check_training_memory(cfg, available)]
+    try:
+        size = _input_bytes(cfg.input.paths) if cfg.input.paths else 0
+    except Exception:  # noqa: BLE001 - the input check reports what is wrong with the paths
+        size = 0
+    workers, limit = cluster if cluster else (None, None)
+    plan = plan_resources(cfg, size or int(cfg.input.part_size_mb * 2**20), workers=workers, worker_limit=limit,
+                          total_memory=available)
+    refusal = plan.refusal()
+    local = 0 if cfg.cluster.address else plan.workers * plan.worst().bytes
+    need = local + max(p.bytes for p in plan.driver)
+    if refusal:
+        status, fix = ERROR, refusal
+    elif need > available:
+        status, fix = ERROR, "set fewer cluster.n_workers, or lower input.part_size_mb"
+    else:
+        status, fix = WARNING if need > 0.8 * available else OK, "lower input.part_size_mb or cluster.n_workers"
+    detail = ("\n          ".join(plan.lines()) + f"\n          about {need / 2**30:.1f} GiB in all of "
+              f"{available / 2**30:.1f} GiB available")
+    return [Check("memory", status, detail, fix), *check_training_memory(cfg, available)]
 
 
 def check_training_memory(cfg: Any, available: int) -> list[Check]:
@@ -254,12 +263,25 @@ def run_checks(cfg: Any = None, out: Optional[str] = None, *, mindspore: bool = 
         checks += check_mindspore()
     if cfg is not None:
         checks += check_cpus(cfg)
-        checks += check_memory(cfg, available_memory)
+        checks += check_memory(cfg, available_memory, _cluster(cfg))
         if cfg.input.paths:
             checks += check_files(cfg)
             checks += check_disk(cfg, out, disk_usage)
         checks += check_scheduler(cfg)
     return checks
+
+
+def _cluster(cfg: Any) -> Optional[tuple[int, Optional[int]]]:
+    """(workers, smallest memory limit) of the scheduler at `cluster.address`; None when there is none
+    or it does not answer (the scheduler check says so)."""
+    if not cfg.cluster.address:
+        return None
+    from .resources import cluster_workers
+
+    try:
+        return cluster_workers(cfg.cluster.address)
+    except Exception:  # noqa: BLE001 - check_scheduler reports the failure
+        return None
 
 
 def errors(checks: list[Check]) -> list[Check]:

@@ -259,6 +259,9 @@ class Pipeline:
         from .doctor import ERROR, WARNING, run_checks
 
         checks = run_checks(self.cfg, str(self.out), mindspore=False)
+        plan = next((c for c in checks if c.name == "memory"), None)
+        if plan is not None:  # the resource plan, printed before any work (pipeline/resources.py)
+            self.log("resource plan: " + plan.detail)
         for c in checks:
             if c.status == WARNING:
                 self.log(f"  preflight warning: {c.name}: {c.detail} (fix: {c.fix})")

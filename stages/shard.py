@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 import xxhash
@@ -176,43 +176,57 @@ def _row_digest(row: np.ndarray) -> int:
 IGNORE_INDEX = -100  # mindformers' label for positions that carry no loss
 
 
-def write_mindrecord(part: Windows, path: str, window: int, write_batch: int, labels: bool = False,
-                     verify: str = "count") -> dict[str, Any]:
+SHARD_CHUNK_BYTES = 64 << 20  # ids a shard task holds at a time: its memory stays flat however large the file
+
+
+def write_mindrecord(chunks: Windows | Iterable[Windows], path: str, window: int, write_batch: int,
+                     labels: bool = False, verify: str = "count", rows_total: Optional[int] = None) -> dict[str, Any]:
     """Write one file's samples (in position order), then check what MindDataset reads back:
     `count` compares the number of samples (FileWriter silently drops rows that do not match the
     schema), `full` also reads and hashes every sample. Either way the manifest gets a content hash
     of the rows as meant, so `corpusmill shards verify` can check the contents later. With
-    `labels`, a `labels` column repeats the ids with IGNORE_INDEX on each sample's trailing padding."""
+    `labels`, a `labels` column repeats the ids with IGNORE_INDEX on each sample's trailing padding.
+    `chunks` may be an iterator of Windows (with `rows_total`), each a multiple of `write_batch`
+    rows but the last, so a large file is written without holding it: the writer sees the same
+    batches either way, and so writes the same bytes."""
     from mindspore.mindrecord import FileWriter  # heavy import, only where files are written
 
-    matrix = part.ids
-    if matrix.shape[1:] != (window,):
-        raise ShardError(f"{path}: samples hold {matrix.shape[1:]} ids, expected ({window},)")
-    rows = list(matrix)  # row views, no copies
-    if labels:
-        masked = matrix.copy()
-        masked[np.arange(window)[None, :] >= (window - part.n_pad)[:, None]] = IGNORE_INDEX
-        label_rows = list(masked)
-    digest_in = sum(_row_digest(r) for r in rows) % (1 << 64)
+    if isinstance(chunks, Windows):
+        chunks, rows_total = [chunks], len(chunks.ids)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     writer = FileWriter(path, shard_num=1, overwrite=True)
     # The default 32 MiB page and 16 MiB header would make small shards mostly padding. A page must
     # hold whole rows; the header holds one entry per page, so it only shrinks when pages are few.
     page = min(1 << 25, max(1 << 20, 4 * window * write_batch))
     writer.set_page_size(page)
-    if len(rows) * window * 4 // page < 1000:
+    if rows_total * window * 4 // page < 1000:
         writer.set_header_size(1 << 20)
     schema = {"input_ids": {"type": "int32", "shape": [-1]}}
     if labels:
         schema["labels"] = {"type": "int32", "shape": [-1]}
     writer.add_schema(schema, SCHEMA_NAME)
-    for start in range(0, len(rows), write_batch):
-        end = start + write_batch
+    n_rows, digest_in, pad = 0, 0, 0
+    for part in chunks:
+        matrix = part.ids
+        if matrix.shape[1:] != (window,):
+            raise ShardError(f"{path}: samples hold {matrix.shape[1:]} ids, expected ({window},)")
+        rows = list(matrix)  # row views, no copies
         if labels:
-            batch = [{"input_ids": r, "labels": lab} for r, lab in zip(rows[start:end], label_rows[start:end])]
-        else:
-            batch = [{"input_ids": r} for r in rows[start:end]]
-        writer.write_raw_data(batch)
+            masked = matrix.copy()
+            masked[np.arange(window)[None, :] >= (window - part.n_pad)[:, None]] = IGNORE_INDEX
+            label_rows = list(masked)
+        digest_in = (digest_in + sum(_row_digest(r) for r in rows)) % (1 << 64)
+        for start in range(0, len(rows), write_batch):
+            end = start + write_batch
+            if labels:
+                batch = [{"input_ids": r, "labels": lab} for r, lab in zip(rows[start:end], label_rows[start:end])]
+            else:
+                batch = [{"input_ids": r} for r in rows[start:end]]
+            writer.write_raw_data(batch)
+        n_rows += len(rows)
+        pad += int(part.n_pad.sum())
+    if n_rows != rows_total:
+        raise ShardError(f"{path}: {n_rows} samples were gathered, {rows_total} planned")
     writer.commit()
     for f in (path, path + ".db"):
         os.chmod(f, 0o644)  # FileWriter creates 0600 files; training jobs often run as another user
@@ -220,16 +234,15 @@ def write_mindrecord(part: Windows, path: str, window: int, write_batch: int, la
         count, digest_out = read_back(path, window)
     else:
         count, digest_out = count_samples(path), digest_in
-    if count != len(rows) or digest_out != digest_in:
+    if count != n_rows or digest_out != digest_in:
         raise ShardError(
-            f"{path}: wrote {len(rows)} samples but read back {count}"
-            + ("" if count != len(rows) else " with different contents")
+            f"{path}: wrote {n_rows} samples but read back {count}"
+            + ("" if count != n_rows else " with different contents")
         )
-    pad = int(part.n_pad.sum())
     return {
-        "samples": len(rows),
+        "samples": n_rows,
         "rows_xxh3_sum": digest_in,
-        "tokens": int(len(rows) * window - pad),
+        "tokens": int(n_rows * window - pad),
         "pad_tokens": pad,
         "sha256": file_sha256(path),
         "db_sha256": file_sha256(path + ".db"),
@@ -240,8 +253,9 @@ def write_mindrecord(part: Windows, path: str, window: int, write_batch: int, la
 def gather_and_write(parts: list[str], counts: list[int], seed: int, start: int, end: int, used: int, path: str,
                      window: int, write_batch: int, labels: bool, verify: str) -> dict[str, Any]:
     """One output file's task: pick its windows (positions start..end-1) out of the memory-mapped
-    packed parts and write them. The seeded permutation is recomputed here (milliseconds) rather
-    than shipped as a shared input, which would pull every task to the worker holding it."""
+    packed parts and write them, SHARD_CHUNK_BYTES of ids at a time. The seeded permutation is
+    recomputed here (milliseconds) rather than shipped as a shared input, which would pull every
+    task to the worker holding it."""
     import time
 
     started = time.perf_counter()
@@ -249,8 +263,10 @@ def gather_and_write(parts: list[str], counts: list[int], seed: int, start: int,
     inv = positions(total, seed)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     slices = [inv[offsets[i]:offsets[i + 1]] for i in range(len(parts))]
-    part = gather_positions(parts, slices, start, end, used, total, window)
-    return {**write_mindrecord(part, path, window, write_batch, labels, verify), "task_seconds": time.perf_counter() - started}
+    step = max(1, SHARD_CHUNK_BYTES // (4 * window * write_batch)) * write_batch
+    chunks = (gather_positions(parts, slices, a, min(a + step, end), used, total, window) for a in range(start, end, step))
+    return {**write_mindrecord(chunks, path, window, write_batch, labels, verify, rows_total=end - start),
+            "task_seconds": time.perf_counter() - started}
 
 
 def count_samples(path: str) -> int:
