@@ -4,9 +4,11 @@ the input's file sizes and the config before any work starts.
 `corpusmill doctor --config` prints it and every run logs it in its preflight; a plan whose peak in
 one worker does not fit that worker's memory limit is refused before the cluster does any work,
 naming the setting to change (`input.part_size_mb`, `cluster.n_workers` / `cluster.memory_limit`,
-`cluster.threads_per_worker`, `dedup.components_memory_mb`). The per-byte factors were measured (peak RSS
-of every process, sampled per step, at two partition sizes on the real corpus: bench/README.md,
-"Resource plan"); they are upper bounds of what was seen, not averages.
+`cluster.threads_per_worker`, `dedup.components_memory_mb`). The factors were measured (peak RSS of
+every process, sampled per step, at 4 and 16 MB partitions on the 78 MB real subset: bench/README.md,
+"Resource plan"); they are upper bounds of what was seen, not averages. A worker's RSS does not fall
+back between steps (the allocator keeps what it freed), so a step's fixed part includes what the
+steps before it left.
 """
 from __future__ import annotations
 
@@ -17,14 +19,19 @@ from typing import Any, Optional
 
 MiB, GiB = 2**20, 2**30
 
-WORKER_BASE = 260 * MiB  # an idle worker process: Python, pandas, pyarrow, dask, distributed
-MINDSPORE_BASE = 420 * MiB  # what importing MindSpore adds to a worker that writes shards
-# peak bytes in a worker per byte of the partition's text (Arrow text, pandas copies, scores, outputs)
-DOCUMENT_STEP_FACTOR = 5.0  # read, normalize, filter
+WORKER_BASE = 230 * MiB  # a worker process after reading: Python, pandas, pyarrow, dask, distributed
+MINDSPORE_BASE = 600 * MiB  # what MindSpore's import and its MindRecord writer and reader add in a shard worker
+# bytes in a worker per byte of the partition's text (Arrow text, pandas copies, scores, outputs)
+DOCUMENT_STEP_FACTOR = 6.0  # read, normalize, filter
 SIGNATURE_FACTOR = 6.0  # near-dup shingling + signatures of one partition
 TOKENIZE_FACTOR = 8.0  # a 2 MB slice: text, ids, offsets, the Arrow output
+# what a step holds besides its partition, the same at 4 and 16 MB partitions (bench/README.md)
+FILTER_FIXED = 540 * MiB  # the scoring tables, the broadcast boilerplate line hashes, the line-count groupby
+SIGNATURE_FIXED = 420 * MiB  # permutations, compiled shingling, the candidate and verification frames
+TOKENIZE_FIXED = 240 * MiB  # the tokenizer library and model, and what the dedup steps left in the worker
+DRIVER_BASE = 490 * MiB  # the driver: the CLI, the Dask client, a LocalCluster's scheduler and nanny threads
 TOKENS_PER_TEXT_BYTE = 0.4  # upper end over the real corpus's English and Chinese with the shipped tokenizers
-PACK_BYTES_PER_GROUP_ID = 12  # a pack group's ids gathered, its windows, and the output table
+PACK_BYTES_PER_GROUP_ID = 24  # a pack group's ids gathered, its windows, the output table, mapped parts
 SHARD_BYTES_PER_ID_HELD = 3  # a chunk of windows as int32, its labels copy, and MindRecord's own page buffer
 DOC_ORDER_BYTES = 40  # the driver's pack order: uid, key, length and part per document
 EDGE_BYTES_PER_DOC = 64  # near-duplicate edges (16 bytes each) per document, generously: most have none
@@ -101,13 +108,13 @@ def plan_resources(cfg: Any, input_bytes: int, *, workers: Optional[int] = None,
 
     from .steps.tokenize import PACK_GROUP_TOKENS, TOKENIZE_SLICE_MB
 
-    peaks = [Peak("read/normalize/filter", WORKER_BASE + threads * int(part * DOCUMENT_STEP_FACTOR),
+    peaks = [Peak("read/normalize/filter", WORKER_BASE + FILTER_FIXED + threads * int(part * DOCUMENT_STEP_FACTOR),
                   "input.part_size_mb (or cluster.threads_per_worker)")]
     if cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled:
-        peaks.append(Peak("near_dedup signatures", WORKER_BASE + threads * int(part * SIGNATURE_FACTOR),
+        peaks.append(Peak("near_dedup signatures", WORKER_BASE + SIGNATURE_FIXED + threads * int(part * SIGNATURE_FACTOR),
                           "input.part_size_mb"))
     model = os.path.getsize(cfg.tokenizer.model) if cfg.tokenizer.model and os.path.isfile(cfg.tokenizer.model) else 0
-    peaks.append(Peak("tokenize", WORKER_BASE + threads * int(TOKENIZE_SLICE_MB * MiB * TOKENIZE_FACTOR + 3 * model),
+    peaks.append(Peak("tokenize", WORKER_BASE + TOKENIZE_FIXED + threads * int(TOKENIZE_SLICE_MB * MiB * TOKENIZE_FACTOR + 3 * model),
                       "cluster.threads_per_worker"))
     group = min(PACK_GROUP_TOKENS, max(tokens, 1))
     peaks.append(Peak("pack", WORKER_BASE + threads * group * PACK_BYTES_PER_GROUP_ID, "cluster.threads_per_worker"))
@@ -116,12 +123,12 @@ def plan_resources(cfg: Any, input_bytes: int, *, workers: Optional[int] = None,
     peaks.append(Peak("shard", WORKER_BASE + MINDSPORE_BASE + threads * (SHARD_BYTES_PER_ID_HELD * held + 16 * windows),
                       "cluster.threads_per_worker"))
     docs = max(1, text // TEXT_BYTES_PER_DOC)
-    driver = [Peak("pack order", WORKER_BASE + docs * DOC_ORDER_BYTES, "input.sample (a smaller run)")]
+    driver = [Peak("pack order", DRIVER_BASE + docs * DOC_ORDER_BYTES, "input.sample (a smaller run)")]
     if cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled:
         edges = min(cfg.dedup.components_memory_mb * MiB, docs * EDGE_BYTES_PER_DOC)  # above the budget: on Dask
-        driver.append(Peak("near-dup components", WORKER_BASE + 3 * edges, "dedup.components_memory_mb"))
+        driver.append(Peak("near-dup components", DRIVER_BASE + 3 * edges, "dedup.components_memory_mb"))
     if not cfg.tokenizer.model:
-        driver.append(Peak("tokenizer training", WORKER_BASE + cfg.tokenizer.train.max_sample_mb * MiB * 4,
+        driver.append(Peak("tokenizer training", DRIVER_BASE + cfg.tokenizer.train.max_sample_mb * MiB * 4,
                            "tokenizer.train.max_sample_mb"))
     disk = int(text * (STAGE_BYTES_PER_INPUT_BYTE + SHARD_BYTES_PER_INPUT_BYTE))
     plan = ResourcePlan(input_bytes, text, partitions, part, workers, worker_limit, peaks, driver, disk)
