@@ -52,7 +52,8 @@ def read_task_marker(path: Path) -> Optional[dict[str, Any]]:
         return None
     ok = (isinstance(task, dict) and isinstance(task.get("files"), list) and "result" in task
           and isinstance(task.get("stamps"), list) and len(task["stamps"]) == len(task["files"]))
-    return task if ok and all(isinstance(f, str) and ".." not in Path(f).parts for f in task["files"]) else None
+    inside = ok and all(isinstance(f, str) and not Path(f).is_absolute() and ".." not in Path(f).parts for f in task["files"])
+    return task if inside else None
 
 
 class RunDir:
@@ -99,7 +100,7 @@ class RunDir:
         committed (their task markers and the files those name); everything else, a half-written
         temporary file included, is removed. Returns the folder and how many tasks it keeps."""
         folder = self.folder(step)
-        if not folder.is_dir():
+        if folder.is_symlink() or not folder.is_dir():  # a linked folder is never walked (fresh_folder refuses it)
             return self.fresh_folder(step), 0
         keep: set[Path] = set()
         for marker in sorted((folder / TASKS).glob("*.json")):

@@ -9,7 +9,7 @@ import yaml
 
 from corpusmill.pipeline.config import parse_config
 from corpusmill.pipeline.doctor import ERROR, OK, check_memory
-from corpusmill.pipeline.resources import FIT_SHARE, GiB, MiB, plan_resources
+from corpusmill.pipeline.resources import FIT_SHARE, GiB, plan_resources
 
 
 def test_partitions_and_the_document_steps_peak_follow_part_size():
@@ -73,3 +73,4 @@ def test_no_worker_peak_grows_with_the_corpus_past_one_partition():
     for a, b in zip(one.peaks, ten.peaks):
         assert a.step == b.step and b.bytes <= 1.2 * a.bytes, (a, b)
     assert ten.fits()
+

@@ -279,3 +279,21 @@ def test_stage_writers_replace_a_planted_link_instead_of_writing_through_it(tmp_
     assert not any(p.is_symlink() for p in folder.rglob("*"))
     assert pq.read_table(folder / "removed").num_rows == 3 and pq.read_table(folder / "part-00000.parquet") == table
     assert not [p for p in folder.rglob("*") if ".tmp" in p.name]
+
+
+def test_resume_never_walks_a_stage_folder_linked_out_of_the_run(tmp_path):
+    """A planted link in place of a step's folder: resume refuses it like a fresh start, and the
+    files it points at stay."""
+    import pytest
+
+    from corpusmill.pipeline.rundir import STAGE_DIRS, RunDir
+
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / STAGE_DIRS["tokenize"]).symlink_to(outside, target_is_directory=True)
+    with pytest.raises(OSError):
+        RunDir(run).resume_folder("tokenize", "somelink")
+    assert (outside / "keep.txt").read_text() == "mine"
