@@ -167,7 +167,7 @@ def iter_warc(path: str, skipped: dict[str, int]) -> Iterator[WarcPage]:
     with open(path, "rb") as f:
         for rec in ArchiveIterator(f, parse_http=True, auto_decode="none"):
             if rec.record_type != WarcRecordType.response:
-                key = rec.record_type.name
+                key = str(rec.record_type).rsplit(".", 1)[-1]  # warcinfo, request, metadata ...
                 skipped[key] = skipped.get(key, 0) + 1
                 continue
             http = rec.http_headers

@@ -169,6 +169,22 @@ def mask(value: str) -> str:
     return value[:3] + "".join("*" if ch.isalnum() else ch for ch in value[3:-2]) + value[-2:]
 
 
+def masked_context(text: str, spans: list[tuple[int, int, str]], match: tuple[int, int], chars: int) -> str:
+    """`chars` characters either side of `match`, the match masked between ⟦ ⟧ and every other match
+    in the window masked too."""
+    lo, hi = max(0, match[0] - chars), min(len(text), match[1] + chars)
+    out, pos = [], lo
+    for s, e, _ in spans:
+        if e <= lo or s >= hi:
+            continue
+        s, e = max(s, lo), min(e, hi)
+        out.append(text[pos:s])
+        out.append("⟦" + mask(text[s:e]) + "⟧" if (s, e) == match else mask(text[s:e]))
+        pos = e
+    out.append(text[pos:hi])
+    return "".join(out)
+
+
 def candidates(texts: pa.Array) -> np.ndarray:
     """Rows that may hold personal data (one RE2 pass over the batch)."""
     if not len(texts):
@@ -206,8 +222,7 @@ def pii_batch(df: pd.DataFrame, actions: dict[str, str], tokens: dict[str, str],
                 drop_score[i] += 1
             if len(shown.setdefault(kind, [])) < examples:
                 shown[kind].append({"id": str(df["id"].iat[i]), "match": mask(text[s:e]),
-                                    "context": text[max(0, s - context_chars):s] + "⟦" + mask(text[s:e]) + "⟧"
-                                    + text[e:e + context_chars]})
+                                    "context": masked_context(text, spans, (s, e), context_chars)})
             out.append(text[last:s])
             audit_out.append(text[last:s])
             out.append(tokens[kind] if actions[kind] == "replace" else text[s:e])
