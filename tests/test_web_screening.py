@@ -312,3 +312,12 @@ def test_web_run_replaces_or_drops_personal_data_and_reports_it_masked(web_run):
     assert "## Personal data (step pii)" in report and "| id_number | drop | 1 | 1 |" in report
     assert "**Blocked words**" in report and "OpenCC `t2s`" in report
     assert GOOD_ID not in report and "13812345678" not in report and "jane@example.com" not in report
+
+
+def test_matches_on_several_lines_are_replaced_in_place_and_other_lines_kept():
+    text = "first line\nmail x@example.com\n\nthird 8.8.8.8 and 10.0.0.1\nlast line, (212) 555-0123"
+    res = pii.pii_batch(_frame([text, "untouched\ntext"]), dict.fromkeys(pii.KINDS, "replace"), pii.DEFAULT_TOKENS)
+    assert res.kept["text"].tolist() == ["first line\nmail <EMAIL>\n\nthird <IP> and 10.0.0.1\nlast line, <PHONE>",
+                                         "untouched\ntext"]
+    assert res.stats["docs_changed"] == 1 and res.stats["pii_docs"] == {k: 1 if k in ("email", "ip", "phone") else 0
+                                                                        for k in pii.KINDS}
