@@ -234,6 +234,16 @@ class LanguageConfig(_Section):
     def _one_or_list(cls, v: Any) -> Any:
         return _as_list(v)
 
+    @field_validator("keep")
+    @classmethod
+    def _language_codes(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        import re
+
+        bad = [c for c in v or [] if not re.fullmatch(r"[a-z]{2,3}", c)]
+        if bad or v == []:
+            raise ValueError(f"give ISO 639 codes as the model writes them (zh, en, de, yue ...), not {bad or v}")
+        return v
+
 
 class BoilerplateLinesConfig(_Section):
     enabled: bool = Field(True, description="Remove lines that recur in many documents of the same source (headers, "

@@ -321,3 +321,17 @@ def test_matches_on_several_lines_are_replaced_in_place_and_other_lines_kept():
                                          "untouched\ntext"]
     assert res.stats["docs_changed"] == 1 and res.stats["pii_docs"] == {k: 1 if k in ("email", "ip", "phone") else 0
                                                                         for k in pii.KINDS}
+
+
+def test_a_missing_or_empty_blocked_list_and_a_bad_language_code_stop_with_one_line(tmp_path):
+    from corpusmill.pipeline.config import ConfigError, FilterConfig, parse_config
+    from corpusmill.pipeline.step import PipelineError
+    from corpusmill.pipeline.steps.filter import blocked_list
+
+    with pytest.raises(PipelineError, match="cannot use .*nothing.txt: No such file"):
+        blocked_list(FilterConfig(blocked_words={"file": str(tmp_path / "nothing.txt")}))
+    (tmp_path / "empty.txt").write_text("# only a comment\n\n", encoding="utf-8")
+    with pytest.raises(PipelineError, match="holds no term"):
+        blocked_list(FilterConfig(blocked_words={"file": str(tmp_path / "empty.txt")}))
+    with pytest.raises(ConfigError, match="filter.language.keep"):
+        parse_config({"filter": {"language": {"keep": ["Chinese"]}}})
