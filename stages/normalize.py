@@ -56,8 +56,10 @@ def normalize_array(
     keep_cjk_punctuation: bool = True,
     fullwidth_ascii: bool = True,
     html_entities: bool = True,
+    chinese_convert: Optional[str] = None,
 ) -> pa.Array:
-    """Normalise a string array; each step can be switched off."""
+    """Normalise a string array; each step can be switched off. `chinese_convert` (an OpenCC
+    conversion such as t2s) comes last (the dedup job hashes traditional and simplified copies alike)."""
     import html
 
     arr = pc.replace_substring(arr, "\r\n", "\n")
@@ -84,6 +86,8 @@ def normalize_array(
         arr = pc.replace_substring_regex(arr, r" ?\n ?", "\n")
         arr = pc.replace_substring_regex(arr, r"\n{3,}", "\n\n")
         arr = pc.utf8_trim_whitespace(arr)
+    if chinese_convert:
+        arr, _ = convert_chinese(arr, chinese_convert)
     return arr
 
 
