@@ -335,3 +335,19 @@ def test_a_missing_or_empty_blocked_list_and_a_bad_language_code_stop_with_one_l
         blocked_list(FilterConfig(blocked_words={"file": str(tmp_path / "empty.txt")}))
     with pytest.raises(ConfigError, match="filter.language.keep"):
         parse_config({"filter": {"language": {"keep": ["Chinese"]}}})
+
+
+def test_html_files_are_read_as_documents_and_an_undecodable_one_is_quarantined(real_pages, tmp_path):
+    from corpusmill.stages import read
+
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    (folder / "a.html").write_bytes(real_pages["zh"].replace("charset=UTF-8", "charset=GB2312").encode("gbk", "xmlcharrefreplace"))
+    (folder / "b.htm").write_bytes(b'<html><head><meta charset="gbk"></head><body>' + b"\x81\xff" * 300 + b"</body></html>")
+    files = read.expand_inputs([str(folder)])
+    units, _ = read.plan_units(files, 64 << 20, 32 << 20)
+    result = read.read_unit(units[0], read.ReadOptions(), str(tmp_path / "out"))
+    assert result["stats"]["docs_in"] == 2 and result["stats"]["quarantine_reasons"] == {"undecodable_html": 1}
+    assert result["quarantine"][0]["file"].endswith("b.htm") and "declared gbk" in result["quarantine"][0]["reason"]
+    doc = pq.read_table(str(tmp_path / "out" / result["parts"][0])).to_pylist()[0]
+    assert ZH_BODY in doc["text"] and json.loads(doc["meta"]) == {"encoding": "gb18030", "encoding_from": "meta"}
