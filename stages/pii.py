@@ -10,10 +10,13 @@ Python patterns, whose matches are then validated:
   prefix used by card networks (UnionPay 62, Visa 4, Mastercard 51-55 / 2221-2720, Amex 34/37,
   JCB 35, Diners 30/36/38, Discover 60/64/65) and the Luhn check;
 - IP addresses: parsed by `ipaddress`; only globally routed ones count (private, loopback,
-  link-local, documentation and reserved ranges stay);
+  link-local, documentation and reserved ranges stay); a dotted quad after "section", "第",
+  "version" ..., before a no-break space, or starting a line and followed by a period is a section
+  or version number (12.2.1.1. in a manual), and an IPv6 match needs three groups (a:: is not one);
+- e-mail addresses, except image names such as logo@2x.png;
 - phones: mainland mobile numbers (1[3-9]x, 11 digits, optional +86/0086), numbers with a leading
   `+` country code (8-15 digits), North American (xxx) xxx-xxxx / xxx-xxx-xxxx, and Chinese
-  landlines 0xx(x)-xxxxxxx(x).
+  landlines 0xx(x)-xxxxxxx(x); a +number without separators needs 10 digits (+32768000 is a number).
 Where two matches overlap the kind tried first wins (e-mail, ID number, bank card, phone, IP).
 """
 from __future__ import annotations
@@ -136,14 +139,49 @@ def ip_public(s: str) -> bool:
 
 
 def phone_valid(s: str) -> bool:
+    """8-15 digits; a +number without any separator needs 10 (a signed +32768000 is a number, not a phone)."""
     digits = sum(ch.isdigit() for ch in s)
+    if s.startswith("+") and s[1:].isdigit() and digits < 10:
+        return False
     return _PHONE_DIGITS[0] <= digits <= _PHONE_DIGITS[1]
 
 
+_FILE_SUFFIXES = {"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp", "tif", "tiff", "css", "js", "pdf"}
+
+
+def email_valid(s: str) -> bool:
+    """Not an image name such as logo@2x.png."""
+    return s.rsplit(".", 1)[-1].lower() not in _FILE_SUFFIXES
+
+
+_SECTION_WORDS = ("第", "节", "章", "section", "chapter", "§", "version", "ver.", "版本", "release")
+
+
+def ip_in_context(text: str, s: int, e: int) -> bool:
+    """Whether a dotted quad (or IPv6 address) reads as an address in its place, not a section or
+    version number: not preceded by section/version words, not followed by a no-break space, and a
+    dotted quad that starts a line is not followed by a period (a heading's "12.2.1.1.")."""
+    before = text[max(0, s - 12):s].lower()
+    if any(w in before for w in _SECTION_WORDS):
+        return False
+    after = text[e:e + 2]
+    if after[:1] == "\xa0" or after == ".\xa0":
+        return False
+    if ":" not in text[s:e] and after[:1] == "." and not text[text.rfind("\n", 0, s) + 1:s].strip():
+        return False
+    return True
+
+
+def ip_public_v6_shape(s: str) -> bool:
+    """An IPv6 match needs three groups with digits (a::, %a::, ::1:25 are not addresses in text)."""
+    return ":" not in s or (not s.startswith("::") and sum(1 for g in s.split(":") if g) >= 3)
+
+
 VALIDATORS: dict[str, Callable[[str], bool]] = {
-    "email": lambda s: True, "id_number": id_number_valid, "bank_card": bank_card_valid,
-    "phone": phone_valid, "ip": ip_public,
+    "email": email_valid, "id_number": id_number_valid, "bank_card": bank_card_valid,
+    "phone": phone_valid, "ip": lambda s: ip_public_v6_shape(s) and ip_public(s),
 }
+IN_CONTEXT: dict[str, Callable[[str, int, int], bool]] = {"ip": ip_in_context}
 
 
 def find_pii(text: str, kinds: tuple[str, ...] = KINDS) -> list[tuple[int, int, str]]:
@@ -151,10 +189,10 @@ def find_pii(text: str, kinds: tuple[str, ...] = KINDS) -> list[tuple[int, int, 
     `kinds` wins an overlap."""
     taken: list[tuple[int, int, str]] = []
     for kind in kinds:
-        ok = VALIDATORS[kind]
+        ok, fits = VALIDATORS[kind], IN_CONTEXT.get(kind)
         for m in PATTERNS[kind].finditer(text):
             s, e = m.span()
-            if ok(m.group()) and not any(s < te and ts < e for ts, te, _ in taken):
+            if ok(m.group()) and (fits is None or fits(text, s, e)) and not any(s < te and ts < e for ts, te, _ in taken):
                 taken.append((s, e, kind))
     return sorted(taken)
 

@@ -66,6 +66,12 @@ def test_numbers_that_only_look_like_personal_data_are_left_alone():
         "private 192.168.1.20, 10.0.0.1, 127.0.0.1, 172.16.5.4, ::1, fe80::1, 2001:db8::7",
         "date 2024-06-15 12:30:45, std::vector<int>, a:b:c",
         "ISBN 978-7-111-54742-6, 12345678",
+        "12.2.1.1.\xa0邮件列表的行为准则",  # section numbers of a DocBook manual
+        "参见 第\xa01.3.2.3\xa0节 “发送修复和补丁”",
+        "see section 4.2.1.3 and version 2.6.32.1 of the kernel",
+        "values in the range (-32768000, +32768000).",  # a signed number, not a +country phone
+        "%a:: and a:: and ::1:25 in a netstat listing",
+        "<img src=logo@2x.png> and icon@3x.jpg",
     ]
     for text in lookalikes:
         assert _found(text) == [], text
