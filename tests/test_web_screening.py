@@ -357,3 +357,15 @@ def test_html_files_are_read_as_documents_and_an_undecodable_one_is_quarantined(
     assert result["quarantine"][0]["file"].endswith("b.htm") and "declared gbk" in result["quarantine"][0]["reason"]
     doc = pq.read_table(str(tmp_path / "out" / result["parts"][0])).to_pylist()[0]
     assert ZH_BODY in doc["text"] and json.loads(doc["meta"]) == {"encoding": "gb18030", "encoding_from": "meta"}
+
+
+def test_doctor_checks_the_language_model_the_blocked_list_and_opencc_offline(tmp_path):
+    from corpusmill.pipeline.config import parse_config
+    from corpusmill.pipeline.doctor import ERROR, OK, check_screening
+
+    cfg = parse_config({"normalize": {"chinese_convert": "s2t"},
+                        "filter": {"language": {"enabled": True}, "blocked_words": {"file": str(tmp_path / "none.txt")}}})
+    checks = {c.name: c for c in check_screening(cfg)}
+    assert checks["language model"].status == OK and "lid.176.ftz" in checks["language model"].detail
+    assert checks["opencc"].status == OK
+    assert checks["blocked words"].status == ERROR and "none.txt" in checks["blocked words"].detail
