@@ -771,7 +771,11 @@ def _page_document(body: bytes, declared: Optional[str]) -> tuple[Optional[str],
         html, codec, where = decode_page(body, declared)
     except UndecodablePage as e:
         return None, {}, str(e)
-    return extract_main_text(html), {"encoding": codec, "encoding_from": where}, None
+    try:
+        text = extract_main_text(html)
+    except Exception as e:  # noqa: BLE001 - a page the parser cannot take is one bad record, not a failed job
+        return None, {}, f"main text cannot be extracted ({codec} page): {type(e).__name__}: {e}"
+    return text, {"encoding": codec, "encoding_from": where}, None
 
 
 def _read_html(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink, stats: dict) -> None:

@@ -369,3 +369,13 @@ def test_doctor_checks_the_language_model_the_blocked_list_and_opencc_offline(tm
     assert checks["language model"].status == OK and "lid.176.ftz" in checks["language model"].detail
     assert checks["opencc"].status == OK
     assert checks["blocked words"].status == ERROR and "none.txt" in checks["blocked words"].detail
+
+
+def test_a_hostile_deeply_nested_page_is_extracted_in_linear_time():
+    import time
+
+    page = "<html><body><nav>menu</nav>" + "<DiV>" * 20000 + "deep text" + "</div>" * 20000 + "</body></html>"
+    assert html.nesting_depth(page) == 20000
+    started = time.perf_counter()
+    assert "deep text" in html.extract_main_text(page)  # main-content mode would take minutes here
+    assert time.perf_counter() - started < 10
