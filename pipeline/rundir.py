@@ -21,6 +21,7 @@ STAGE_DIRS = {
     "read": "00-read",
     "normalize": "01-normalize",
     "filter": "02-filter",
+    "pii": "02b-pii",
     "exact_dedup": "03-exact_dedup",
     "near_dedup": "04-near_dedup",
     "tokenize": "05-tokenize",

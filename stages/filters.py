@@ -22,7 +22,8 @@ from .quality import decide, detected_language, dominant_script, score_texts
 def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = None, scores_path: Optional[str] = None,
                  reuse_scores: bool = False, keep_scripts: Optional[list[str]] = None, min_script_share: float = 0.0,
                  score_options: Optional[dict] = None, audit_text_chars: Optional[int] = 2000,
-                 name_lines: Optional[list[int]] = None, overrides: Optional[list[dict]] = None) -> BatchResult:
+                 name_lines: Optional[list[int]] = None, overrides: Optional[list[dict]] = None,
+                 blocked: Optional[dict] = None, language: Optional[dict] = None) -> BatchResult:
     """Clean, score (or load the scores of) and decide one partition; the first failing rule is
     each removed document's reason, with its score, threshold and text (its first
     `audit_text_chars` characters, as it came in).
@@ -30,7 +31,11 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
     `overrides` (see `override_plan`): each document is decided with the rules of the first override
     it matches, or with `rules` / `keep_scripts` / `min_script_share`; documents of an override with
     its own score options are scored with them. With overrides, removed rows carry an `override`
-    column (null: the base rules) and the stats count documents per override."""
+    column (null: the base rules) and the stats count documents per override.
+
+    `blocked` ({terms, sha256}): scores blocked_words / blocked_words_per_1k (stages.blocklist).
+    `language` ({max_chars, keep, min_score}): scores language / language_score with the shipped
+    fastText model (stages.langid); the language then stands for the script heuristic's `lang`."""
     texts, sources = df["text"].tolist(), df["source"].fillna("").tolist()
     src = np.asarray(sources, dtype=object)
     overrides = overrides or []
@@ -46,19 +51,24 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
         scores = scores.drop(columns=["uid", "lines_removed"])
     else:
         scores = score_in_chunks(texts, options)
+        scores = _model_scores(scores, texts, blocked, language)
         scores = _rescore_overrides(scores, texts, src, overrides, options)
+        if "language" in scores:  # an override's rescoring put the heuristic back
+            scores["lang"] = scores["language"]
         if scores_path:
             stored = pa.Table.from_pandas(scores, preserve_index=False)
             stored = stored.add_column(0, "uid", pa.array(df["uid"].to_numpy(dtype="int64")))
             write_table_atomic(stored.append_column("lines_removed", pa.array(lines_removed)), Path(scores_path))
     group = match_overrides(src, scores, overrides, options.get("cjk_share", 0.3))
+    lang_rule = {"keep_languages": language.get("keep"), "min_language_score": language.get("min_score", 0.0)} \
+        if language else {}
     reason, score, threshold = np.full(len(df), None, dtype=object), np.full(len(df), np.nan), np.full(len(df), np.nan)
     for k in np.unique(group):  # one vectorised decision per rule table: the base one (-1), each override's
         rows = group == k
         table = (rules, keep_scripts, min_script_share) if k < 0 else \
             (overrides[k]["rules"], overrides[k].get("keep_scripts"), overrides[k].get("min_script_share", 0.0))
         reason[rows], score[rows], threshold[rows] = decide(scores if rows.all() else scores[rows].reset_index(drop=True),
-                                                            *table)
+                                                            *table, **lang_rule)
     drop = pd.notna(reason)
     out = df.copy()
     if lines_removed.any():
@@ -83,6 +93,8 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
         "boilerplate_line_texts": {str(h): v[0] for h, v in named.items() if v is not None},
         "boilerplate_line_removed": {str(h): v[1] for h, v in named.items() if v is not None},
     }
+    if blocked:
+        stats["blocked_docs_matched"] = int((scores["blocked_words"].to_numpy() > 0).sum())
     if overrides:
         names = np.asarray([o["name"] for o in overrides] + [None], dtype=object)[group]  # group -1: the last, None
         present = [o["name"] for k, o in enumerate(overrides) if (group == k).any()]
@@ -91,6 +103,23 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
         table = pa.Table.from_pandas(removed_out, schema=REMOVED_SCHEMA, preserve_index=False)
         removed_out = table.append_column("override", pa.array(names[drop].tolist(), pa.string()))
     return BatchResult(kept=out[~drop].reset_index(drop=True), removed=removed_out, stats=stats)
+
+
+def _model_scores(scores: pd.DataFrame, texts: list[str], blocked: Optional[dict],
+                  language: Optional[dict]) -> pd.DataFrame:
+    """The scores of a user's blocked-words list and of the language model, beside the others."""
+    if blocked:
+        from .blocklist import score_blocked
+
+        for key, value in score_blocked(texts, blocked["terms"], blocked["sha256"]).items():
+            scores[key] = value
+    if language:
+        from .langid import identify
+
+        codes, probs = identify(texts, language.get("max_chars", 2000))
+        scores["language"], scores["language_score"] = codes, probs
+        scores["lang"] = codes
+    return scores
 
 
 def match_overrides(sources: np.ndarray, scores: pd.DataFrame, overrides: list[dict], cjk_share: float) -> np.ndarray:
@@ -131,7 +160,8 @@ def _rescore_overrides(scores: pd.DataFrame, texts: list[str], sources: np.ndarr
         rows = np.flatnonzero(group == k)
         again = score_in_chunks([texts[i] for i in rows], overrides[k]["score_options"])
         for c in columns:
-            columns[c][rows] = again[c].to_numpy()
+            if c in again:  # the language model's and blocked words' scores do not depend on score options
+                columns[c][rows] = again[c].to_numpy()
     return pd.DataFrame(columns)
 
 

@@ -5,6 +5,8 @@ stray control bytes, trailing spaces) hash the same.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,8 +56,10 @@ def normalize_array(
     keep_cjk_punctuation: bool = True,
     fullwidth_ascii: bool = True,
     html_entities: bool = True,
+    chinese_convert: Optional[str] = None,
 ) -> pa.Array:
-    """Normalise a string array; each step can be switched off."""
+    """Normalise a string array; each step can be switched off. `chinese_convert` (an OpenCC
+    conversion such as t2s) comes last (the dedup job hashes traditional and simplified copies alike)."""
     import html
 
     arr = pc.replace_substring(arr, "\r\n", "\n")
@@ -82,13 +86,46 @@ def normalize_array(
         arr = pc.replace_substring_regex(arr, r" ?\n ?", "\n")
         arr = pc.replace_substring_regex(arr, r"\n{3,}", "\n\n")
         arr = pc.utf8_trim_whitespace(arr)
+    if chinese_convert:
+        arr, _ = convert_chinese(arr, chinese_convert)
     return arr
 
 
-def normalize_batch(df: pd.DataFrame, **options: bool) -> BatchResult:
-    """Normalise the `text` column (options as in `normalize_array`); nothing is removed here."""
+_CONVERTERS: dict = {}
+
+
+def convert_chinese(arr: pa.Array, conversion: str) -> tuple[pa.Array, int]:
+    """Chinese script converted with OpenCC's dictionaries (`t2s`, `s2t`, ...: the opencc wheel's
+    configurations, read from the installed package, no network), only in texts holding Han
+    characters; also how many texts the conversion changed."""
+    if not len(arr):
+        return arr, 0
+    if conversion not in _CONVERTERS:
+        import opencc
+
+        _CONVERTERS[conversion] = opencc.OpenCC(conversion if conversion.endswith(".json") else conversion + ".json")
+    converter = _CONVERTERS[conversion]
+    hit = pc.fill_null(pc.match_substring_regex(arr, r"\p{Han}"), False)
+    if not pc.any(hit).as_py():
+        return arr, 0
+    values = arr.to_pylist()
+    changed = 0
+    for i in pc.indices_nonzero(hit).to_pylist():
+        converted = converter.convert(values[i])
+        if converted != values[i]:
+            values[i] = converted
+            changed += 1
+    return pa.array(values, pa.string()), changed
+
+
+def normalize_batch(df: pd.DataFrame, chinese_convert: Optional[str] = None, **options: bool) -> BatchResult:
+    """Normalise the `text` column (options as in `normalize_array`), then convert Chinese script
+    when `chinese_convert` names an OpenCC conversion; nothing is removed here."""
     before = pa.array(df["text"], type=pa.string())
     after = normalize_array(before, **options)
+    converted = 0
+    if chinese_convert:
+        after, converted = convert_chinese(after, chinese_convert)
     out = df.copy()
     out["text"] = pd.array(after, dtype=pd.ArrowDtype(pa.string())) if len(after) else df["text"]
     changed = int(pc.sum(pc.not_equal(before, after)).as_py() or 0) if len(before) else 0
@@ -99,4 +136,7 @@ def normalize_batch(df: pd.DataFrame, **options: bool) -> BatchResult:
         "chars_in": int(pc.sum(pc.utf8_length(before)).as_py() or 0),
         "chars_out": int(pc.sum(pc.utf8_length(after)).as_py() or 0),
     }
+    if chinese_convert:
+        stats["chinese_convert"] = chinese_convert
+        stats["docs_converted"] = converted
     return BatchResult(kept=out, stats=stats)

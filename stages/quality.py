@@ -344,6 +344,8 @@ def rule_table(fc) -> list[tuple]:
     for every enabled rule of a FilterConfig, in the order they are tried (the first failing one is
     the reason). A guard (column, minimum) limits a rule to documents at least that long."""
     rules: list[tuple] = []
+    if getattr(fc, "blocked_words", None) is not None and fc.blocked_words.file:  # a user's list: its reason first
+        rules.append(("blocked_words", "blocked_words_per_1k", "max", fc.blocked_words.max_per_1000_chars, "all"))
     L = fc.length
     rules += [("too_few_chars", "nonspace_chars", "min", L.min_chars, "all"),
               ("too_few_words", "words", "min", L.min_words, "all"),
@@ -406,18 +408,29 @@ def dominant_script(scores: pd.DataFrame) -> np.ndarray:
 
 
 def detected_language(scores: pd.DataFrame, cjk_share: float) -> np.ndarray:
-    """The `lang` column score_texts gives with this cjk_share, from the shares alone (no rescoring)."""
+    """The `lang` column score_texts gives with this cjk_share, from the shares alone (no rescoring);
+    with a language model's `language` column, that one as zh / en / other."""
+    if "language" in scores:
+        model = scores["language"].to_numpy(dtype=object)
+        return np.where(np.isin(model, ["zh", "en"]), model, "other").astype(object)
     zh = scores["cjk_share"].to_numpy(dtype=float) >= cjk_share
     return np.where(zh, "zh", np.where(scores["script_latin"].to_numpy(dtype=float) >= 0.5, "en", "other")).astype(object)
 
 
 def decide(scores: pd.DataFrame, rules: list, keep_scripts: Optional[list[str]] = None,
-           min_script_share: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(reason, score, threshold) per document; reason None means kept. The first failing rule wins."""
+           min_script_share: float = 0.0, keep_languages: Optional[list[str]] = None,
+           min_language_score: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(reason, score, threshold) per document; reason None means kept. The first failing rule wins;
+    with `keep_languages` (the `language` score column of a language model), a document in another
+    language, or identified with less than `min_language_score`, fails first (reason language)."""
     n = len(scores)
     reason = np.full(n, None, dtype=object)
     score = np.full(n, np.nan)
     threshold = np.full(n, np.nan)
+    if keep_languages and "language" in scores:
+        prob = scores["language_score"].to_numpy(dtype=float)
+        hit = ~np.isin(scores["language"].to_numpy(dtype=object), keep_languages) | (prob < min_language_score)
+        reason[hit], score[hit], threshold[hit] = "language", prob[hit], min_language_score
     zh = (scores["lang"] == "zh").to_numpy()
     for name, column, kind, limit, applies, guard in rules:
         value = scores[column].to_numpy(dtype=float)
@@ -470,4 +483,8 @@ def describe_rules() -> dict[str, str]:
         "low_cjk_share": "a Chinese document with too few CJK characters among its letters",
         "traditional_mix": "a Chinese document with too many traditional-only characters",
         "script_mix": "too few letters in the scripts filter.scripts.keep",
+        "language": "identified language not in filter.language.keep, or identified with less than "
+                    "filter.language.min_score",
+        "blocked_words": "more matches of the blocked-words list (filter.blocked_words.file) per 1,000 characters "
+                         "than filter.blocked_words.max_per_1000_chars",
     }

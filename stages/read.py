@@ -1,6 +1,8 @@
 """Read raw corpus files into document partitions; malformed records go to quarantine.
 
-Inputs: `.jsonl`, `.jsonl.gz`, `.jsonl.zst`, `.parquet`, `.txt` (one document per file), given as
+Inputs: `.jsonl`, `.jsonl.gz`, `.jsonl.zst`, `.parquet`, `.txt` (one document per file), `.warc` /
+`.warc.gz` (one document per HTML response record) and `.html` / `.htm` (one document per file; web
+pages are decoded and their main text extracted by `stages/html.py`), given as
 files, folders (searched recursively, following links to folders) or glob patterns. Every real
 file is read once, however many paths, links or patterns lead to it; an unreadable file or folder
 is an error before any work (`InputError`), never a silent skip. File names that are not valid
@@ -43,7 +45,7 @@ import xxhash
 
 from .base import DOC_SCHEMA, write_table_atomic
 
-SUFFIXES = (".jsonl.gz", ".jsonl.zst", ".jsonl", ".parquet", ".txt")
+SUFFIXES = (".jsonl.gz", ".jsonl.zst", ".jsonl", ".parquet", ".txt", ".warc.gz", ".warc", ".html", ".htm")
 MAX_LINES_PER_FILE = 1 << 32  # uid = file_index << 32 | line
 SNIPPET_CHARS = 200
 MAX_NESTING = 200  # deeper JSON records are quarantined: later stages parse `meta` again on deep stacks
@@ -761,6 +763,86 @@ def _read_txt(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink,
     writer.add(uid, display_path(seg.path), text, _default_source(seg.path), None)
 
 
+def _page_document(body: bytes, declared: Optional[str]) -> tuple[Optional[str], dict, Optional[str]]:
+    """(main text, meta fields, None) of a web page, or (None, {}, reason) when it cannot be decoded."""
+    from .html import UndecodablePage, decode_page, extract_main_text
+
+    try:
+        html, codec, where = decode_page(body, declared)
+    except UndecodablePage as e:
+        return None, {}, str(e)
+    try:
+        text = extract_main_text(html)
+    except Exception as e:  # noqa: BLE001 - a page the parser cannot take is one bad record, not a failed job
+        return None, {}, f"main text cannot be extracted ({codec} page): {type(e).__name__}: {e}"
+    return text, {"encoding": codec, "encoding_from": where}, None
+
+
+def _read_html(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink, stats: dict) -> None:
+    """One HTML file, one document: its main text; meta holds the detected encoding."""
+    uid = seg.file_index << 32
+    if not opts.sampled(uid):
+        stats["not_sampled"] += 1
+        return
+    try:
+        raw = Path(seg.path).read_bytes()
+    except OSError as e:
+        sink.add(_lost_input(seg, 0, _Damage("unreadable_file", f"cannot read: {e.strerror or e}", 0)))
+        return
+    stats["docs_in"] += 1
+    stats["bytes_in"] += len(raw)
+    text, meta, problem = _page_document(raw, None)
+    if problem is not None:
+        sink.add(_Quarantine(seg.path, None, uid, "undecodable_html", problem, raw))
+        return
+    writer.add(uid, display_path(seg.path), text, _default_source(seg.path), json.dumps(meta))
+
+
+def _read_warc(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink, stats: dict) -> None:
+    """A WARC file: each HTML response record a document (its "line" is its number among them, its
+    byte offset in `record_offset`); the id is the URL; meta holds url, crawl_date, encoding and
+    warc_record_id. Other records are counted in stats warc_records_skipped. A record that cannot be
+    decoded is quarantined with its offset; a damaged file ends as lost input after the last good record."""
+    from .html import TruncatedWarc, _content_decode, iter_warc
+
+    base, n, offset = seg.file_index << 32, 0, 0
+    skipped: dict[str, int] = stats.setdefault("warc_records_skipped", {})
+    pages = iter_warc(seg.path, skipped)
+    while True:
+        try:
+            page = next(pages)
+        except StopIteration:
+            break
+        except TruncatedWarc as e:
+            sink.add(_lost_input(seg, n, _Damage("truncated_stream", f"WARC file cut off: {e}", e.offset)))
+            break
+        except Exception as e:  # noqa: BLE001 - a corrupt file: the rest is lost input
+            sink.add(_lost_input(seg, n, _Damage("corrupt_stream", f"WARC file cannot be read past record {n}: {e}",
+                                                 offset)))
+            break
+        offset = page.offset
+        n += 1
+        uid = base | n
+        if not opts.sampled(uid):
+            stats["not_sampled"] += 1
+            continue
+        stats["docs_in"] += 1
+        stats["bytes_in"] += len(page.body)
+        try:
+            body = _content_decode(page.body, page.content_encoding)
+            text, meta, problem = _page_document(body, page.charset)
+        except ValueError as e:
+            text, meta, problem = None, {}, str(e)
+        if problem is not None:
+            sink.add(_Quarantine(seg.path, n, uid, "undecodable_html", f"record at byte offset {page.offset} "
+                                 f"({page.url}): {problem}", page.body, extra={"record_offset": page.offset}))
+            continue
+        meta = {"url": page.url, "crawl_date": page.date, **meta, "warc_record_id": page.record_id,
+                "record_offset": page.offset}
+        writer.add(uid, page.url or f"{display_path(seg.path)}:{n}", text, _default_source(seg.path),
+                   json.dumps(meta, ensure_ascii=False))
+
+
 def _column_values(column: pa.ChunkedArray) -> tuple[list, dict[int, str]]:
     """A column as Python values, and {row: problem} for values that cannot be decoded."""
     try:
@@ -854,7 +936,8 @@ def _parquet_rows(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _S
         writer.add(base | line, doc_id, text, source, meta_json)
 
 
-_READERS = {"jsonl": _read_jsonl, "jsonl.gz": _read_jsonl, "jsonl.zst": _read_jsonl, "txt": _read_txt, "parquet": _read_parquet}
+_READERS = {"jsonl": _read_jsonl, "jsonl.gz": _read_jsonl, "jsonl.zst": _read_jsonl, "txt": _read_txt, "parquet": _read_parquet,
+            "warc": _read_warc, "warc.gz": _read_warc, "html": _read_html, "htm": _read_html}
 
 
 def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str) -> dict:

