@@ -54,7 +54,7 @@ _OPTIONAL_FILE: dict[str, Any] = {"tokens": _INT, "pad_tokens": _INT, "rows_xxh3
 def build(*, version: str, config_hash: str, created_utc: str, seq_length: int, tokenizer: dict[str, Any],
           add_bos: bool, add_eos: bool, labels: bool, pack_mode: str, layout: str, ranks: int, files_per_rank: int,
           samples_per_rank: int, total_samples: int, dropped: int, repeated: int, remainder: str, shuffle_seed: int,
-          files: list[dict[str, Any]]) -> dict[str, Any]:
+          files: list[dict[str, Any]], tokenizer_file: str = "tokenizer.model") -> dict[str, Any]:
     """The manifest of a finished set of shards, in FORMAT. `tokenizer` holds the checked tokenizer's
     sha256, special ids, pad source and vocabulary size; `files` one entry per MindRecord file."""
     window = seq_length + 1
@@ -71,7 +71,7 @@ def build(*, version: str, config_hash: str, created_utc: str, seq_length: int, 
         "sample_length": window,
         "vocab_size": tokenizer["vocab_size"],
         "tokenizer": {k: tokenizer[k] for k in ("sha256", "bos_id", "eos_id", "unk_id", "pad_id", "pad_source", "vocab_size")}
-        | {"path": "tokenizer.model", "add_bos": add_bos, "add_eos": add_eos},
+        | {"path": tokenizer_file, "add_bos": add_bos, "add_eos": add_eos} | _kind_keys(tokenizer),
         "columns": columns,
         "pack_mode": pack_mode,
         "layout": layout,
@@ -86,6 +86,30 @@ def build(*, version: str, config_hash: str, created_utc: str, seq_length: int, 
         "shuffle_seed": shuffle_seed,
         "files": files,
     }
+
+
+def _kind_keys(tokenizer: dict[str, Any]) -> dict[str, Any]:
+    """What a tokenizer other than SentencePiece adds to the manifest: its kind, the special token
+    strings (so a checker finds the ids again) and, for a plain .tiktoken file, how to load it. A
+    SentencePiece manifest stays as it was (no `kind`: sentencepiece)."""
+    kind = tokenizer.get("kind", "sentencepiece")
+    if kind == "sentencepiece":
+        return {}
+    keys: dict[str, Any] = {"kind": kind, "tokens": dict(tokenizer.get("tokens") or {})}
+    if kind == "tiktoken" and not str(tokenizer.get("path", "")).endswith(".json"):
+        keys["tiktoken"] = {"pattern": tokenizer.get("pattern"), "special_tokens": list(tokenizer.get("special_tokens") or [])}
+    return keys
+
+
+def tokenizer_spec(tok: dict[str, Any]) -> Any:
+    """The load spec of a manifest's tokenizer section."""
+    from .tokenizer_kinds import TokenizerSpec
+
+    kind = tok.get("kind", "sentencepiece")
+    extra = tok.get("tiktoken") or {}
+    if kind != "tiktoken":
+        return TokenizerSpec(kind)
+    return TokenizerSpec(kind, extra.get("pattern"), tuple(extra.get("special_tokens") or ()))
 
 
 def _is(value: Any, kind: Any) -> bool:
@@ -285,7 +309,8 @@ def consistency_problems(m: dict[str, Any]) -> list[str]:
     vocab = m["vocab_size"]
     for key in ("eos_id", "pad_id", "unk_id", "bos_id"):
         value = tok[key]
-        optional = key == "bos_id" and not tok.get("add_bos") or key == "eos_id" and not tok.get("add_eos")
+        optional = (key == "bos_id" and not tok.get("add_bos") or key == "eos_id" and not tok.get("add_eos")
+                    or key == "unk_id" and tok.get("kind", "sentencepiece") != "sentencepiece")  # byte-level BPE: no unk
         if not (0 <= value < vocab or (optional and value == -1)):
             problems.append(f"tokenizer.{key} {value} is outside the vocabulary (0..{vocab - 1})")
     if len(files) != ranks * fpr:
@@ -373,6 +398,8 @@ def tokenizer_problems(shards_dir: str, manifest: dict[str, Any]) -> list[str]:
         return [f"tokenizer {rel}: cannot be read: {e.strerror or e}"]
     if digest != tok["sha256"]:
         return [f"tokenizer {rel}: changed while it was being checked"]
+    if tok.get("kind", "sentencepiece") != "sentencepiece":
+        return _other_tokenizer_problems(path, rel, manifest)
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(data)
@@ -396,6 +423,33 @@ def tokenizer_problems(shards_dir: str, manifest: dict[str, Any]) -> list[str]:
                             f"({piece}) is {value}")
     if source == "config" and not 0 <= tok["pad_id"] < vocab:
         problems.append(f"tokenizer.pad_id {tok['pad_id']} is outside the tokenizer's vocabulary (0..{vocab - 1})")
+    return problems
+
+
+def _other_tokenizer_problems(path: str, rel: str, manifest: dict[str, Any]) -> list[str]:
+    """A Hugging Face or tiktoken tokenizer: it loads as its kind, its vocabulary (added tokens
+    counted) matches, and each special token string the manifest names is still that id."""
+    from .tokenizer_kinds import TokenizerFormatError, load
+
+    tok = manifest["tokenizer"]
+    if tok["kind"] not in ("hf", "tiktoken"):
+        return [f"tokenizer.kind {_show(tok['kind'])} is not sentencepiece, hf or tiktoken"]
+    try:
+        t = load(path, tokenizer_spec(tok))
+    except (TokenizerFormatError, OSError, ValueError) as e:
+        return [f"tokenizer {rel}: not a {tok['kind']} tokenizer ({_first_line(e)})"]
+    problems = []
+    if t.vocab_size != manifest["vocab_size"] or t.vocab_size != tok["vocab_size"]:
+        problems.append(f"tokenizer {rel} has {t.vocab_size} ids but the manifest says vocab_size {manifest['vocab_size']} "
+                        f"(tokenizer.vocab_size {tok['vocab_size']})")
+    names = tok.get("tokens") if isinstance(tok.get("tokens"), dict) else {}
+    for key in ("bos", "eos", "unk", "pad"):
+        name = names.get(key)
+        if not isinstance(name, str) or (key == "pad" and tok["pad_source"] not in ("tokenizer", "config")):
+            continue
+        own = t.token_id(name)
+        if own != tok[f"{key}_id"]:
+            problems.append(f"tokenizer.{key}_id is {tok[f'{key}_id']} but the tokenizer's own {name!r} is {own}")
     return problems
 
 

@@ -86,13 +86,17 @@ class ShardStep(Step):
         `shards.tmp/` renamed to `shards/` (the folder, never a MindRecord file). Returns the manifest."""
         sc, window = ctx.cfg.shard, ctx.cfg.pack.seq_length + 1
         tok = ctx.output("tokenize", "tokenizer")
-        shutil.copyfile(tok.path, staging / "tokenizer.model")
+        tokenizer_file = Path(tok.path).name  # tokenizer.model, tokenizer.json, tokenizer.tekken.json, tokenizer.tiktoken
+        shutil.copyfile(tok.path, staging / tokenizer_file)
+        beside = Path(tok.path).with_name("tokenizer_config.json")
+        if tok.kind == "hf" and beside.is_file():
+            shutil.copyfile(beside, staging / beside.name)
         doc = manifest.build(
             version=__version__, config_hash=ctx.link(self.name), created_utc=utc_now(), seq_length=ctx.cfg.pack.seq_length,
             tokenizer=tok.__dict__, add_bos=ctx.cfg.tokenizer.add_bos, add_eos=ctx.cfg.tokenizer.add_eos, labels=labels,
             pack_mode=ctx.cfg.pack.mode, layout=sc.layout, ranks=sc.ranks, files_per_rank=sc.files_per_rank,
             samples_per_rank=plan.per_rank, total_samples=plan.used, dropped=plan.dropped, repeated=plan.repeated,
-            remainder=sc.remainder, shuffle_seed=sc.seed, files=files)
+            remainder=sc.remainder, shuffle_seed=sc.seed, files=files, tokenizer_file=tokenizer_file)
         write_text_atomic(staging / "mindformers_train_dataset.yaml", shard.mindformers_snippet(
             str(folder.resolve()), sc.layout, window, ["input_ids", "labels"] if labels else ["input_ids"],
             tok.eos_id if ctx.cfg.pack.mode != "pad" and ctx.cfg.tokenizer.add_eos else None))
