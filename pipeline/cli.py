@@ -301,8 +301,11 @@ def _cmd_shards(args) -> int:
             unread = " (samples not read back: fix these first)" if totals and not totals.get("rows_checked") else ""
             print(f"corpusmill: shards verify: {len(problems)} problem(s) in {args.dir}{unread}", file=sys.stderr)
             return 1
+        mega = (f"; {totals['megatron_pairs']} Megatron .bin/.idx pair(s), {totals['megatron_documents']:,} documents, "
+                f"{totals['megatron_tokens']:,} tokens") if "megatron_pairs" in totals else ""
+        per_rank = next(iter(totals["samples_per_rank"].values()), 0)
         _log(f"shards ok: {totals['files']} files, {totals['samples']:,} samples, {totals['ranks']} ranks x "
-             f"{next(iter(totals['samples_per_rank'].values())):,} samples, largest id {totals['max_token_id']} "
+             f"{per_rank:,} samples{mega}, largest id {totals['max_token_id']} "
              f"< vocabulary {totals['vocab_size']}; checked in {time.perf_counter() - started:.1f} s")
         return 0
     import json
@@ -319,6 +322,18 @@ def _cmd_shards(args) -> int:
         _log(f"  {e['path']}: rank {e['rank']}, {e['samples']:,} samples, {e.get('tokens', 0):,} tokens")
     tok = manifest["tokenizer"]
     sp = tokenizer_kinds.load(str(Path(args.dir) / tok["path"]), tokenizer_spec(tok))  # any kind: .decode(ids)
+    if not manifest["files"]:  # Megatron pairs only: decode the first documents of the first pair
+        from corpusmill.stages.megatron import read_documents
+
+        for p in manifest["megatron"]["pairs"]:
+            _log(f"  {p['prefix']}.bin/.idx: rank {p['rank']}, {p['documents']:,} documents, {p['tokens']:,} tokens")
+        prefix = manifest["megatron"]["pairs"][0]["prefix"]
+        for i, ids in enumerate(read_documents(str(Path(args.dir) / prefix))):
+            if i >= args.decode:
+                break
+            _log(f"--- document {i} of {prefix} ({len(ids)} ids) ---")
+            _log(decode_window(sp, ids, tok["bos_id"], tok["eos_id"]))
+        return 0
     first = str(Path(args.dir) / manifest["files"][0]["path"])
     columns = ["input_ids", "labels"] if "labels" in manifest["columns"] else ["input_ids"]
     data = ds.MindDataset([first], columns_list=columns, shuffle=False)

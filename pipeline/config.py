@@ -506,6 +506,10 @@ class PackConfig(_Section):
 
 
 class ShardConfig(_Section):
+    format: Literal["mindrecord", "megatron", "both"] = Field(
+        "mindrecord", description="mindrecord: packed windows in MindRecord files (what `corpusmill train` and mindformers' "
+        "MindDataset read); megatron: Megatron-Core .bin/.idx pairs of whole documents, one pair per rank, for "
+        "mindformers' BlendedMegatronDatasetDataLoader (pack is skipped); both: the two side by side.")
     layout: Literal["per_rank", "global"] = Field(
         "per_rank", description="per_rank: a folder and distinct file prefix per data-parallel rank; global: one set "
         "corpus.mindrecordNN that MindDataset(num_shards=ranks, shard_id=rank) splits (stock mindformers).")
@@ -601,6 +605,14 @@ class Config(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     migration_notes: list[str] = Field(default_factory=list, exclude=True, repr=False,
                                        description="Set by the loader: keys moved from an older config_version.")
+
+    @model_validator(mode="after")
+    def _megatron_needs(self) -> "Config":
+        if self.shard.format != "mindrecord" and not self.tokenizer.add_eos:
+            raise ValueError("shard.format megatron/both writes whole documents ending with EOS: set tokenizer.add_eos: true")
+        if self.shard.format == "megatron" and self.train.enabled:
+            raise ValueError("train.enabled reads MindRecord shards: set shard.format to mindrecord or both")
+        return self
 
     @field_validator("config_version")
     @classmethod
