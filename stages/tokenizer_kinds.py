@@ -134,21 +134,28 @@ class Tokenizer(ABC):
 
 
 def _with_specials(encoded: list[np.ndarray], bos_id: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
-    pre, post = [bos_id] if bos_id >= 0 else [], [eos_id] if eos_id >= 0 else []
-    lengths = np.fromiter(map(len, encoded), dtype=np.int32, count=len(encoded)) + (len(pre) + len(post))
-    if not encoded:
-        return lengths, np.empty(0, dtype=np.int32)
-    values = np.empty(int(lengths.sum()), dtype=np.int32)
-    starts = np.zeros(len(encoded), dtype=np.int64)
+    raw = np.fromiter(map(len, encoded), dtype=np.int32, count=len(encoded))
+    body = np.concatenate(encoded).astype(np.int32, copy=False) if encoded else np.empty(0, dtype=np.int32)
+    return _place(raw, body, bos_id, eos_id)
+
+
+def _place(raw: np.ndarray, body: np.ndarray, bos_id: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, ids) with `bos_id` before and `eos_id` after each document (when >= 0) of `body`,
+    the documents' ids end to end with lengths `raw`."""
+    k = int(bos_id >= 0) + int(eos_id >= 0)
+    if k == 0:
+        return raw, body
+    lengths = (raw + k).astype(np.int32)
+    values = np.empty(body.size + len(raw) * k, dtype=np.int32)
+    starts = np.zeros(len(raw), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
-    if pre:
+    if bos_id >= 0:
         values[starts] = bos_id
-    if post:
+    if eos_id >= 0:
         values[starts + lengths - 1] = eos_id
-    body = np.concatenate(encoded) if encoded else np.empty(0, dtype=np.int32)
-    raw = lengths - (len(pre) + len(post))
-    dest = np.arange(body.size, dtype=np.int64) + np.repeat(starts + len(pre) - np.concatenate(([0], np.cumsum(raw[:-1]))), raw)
-    values[dest] = body
+    raw_starts = np.zeros(len(raw), dtype=np.int64)
+    np.cumsum(raw[:-1], out=raw_starts[1:])
+    values[np.arange(body.size, dtype=np.int64) + np.repeat(starts + int(bos_id >= 0) - raw_starts, raw)] = body
     return lengths, values
 
 
@@ -233,9 +240,7 @@ class HFTokenizer(Tokenizer):
         ids = [e.ids for e in self._encode(texts, add_special_tokens=False)]
         raw = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
         body = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(raw.sum()))
-        if bos_id < 0 and eos_id < 0:
-            return raw, body
-        return _with_specials(np.split(body, np.cumsum(raw[:-1])) if len(raw) else [], bos_id, eos_id)
+        return _place(raw, body, bos_id, eos_id)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
