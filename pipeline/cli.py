@@ -468,7 +468,11 @@ def _print_run_summary(result, out: Path) -> None:
         _log(f"tokens: {led['tokens']:,}; packing {p['mode']}: {p['windows']:,} windows (seq+1 ids each), "
              f"{p['docs_split']:,} documents split, {p['docs_truncated']:,} truncated, {p['tokens_dropped']:,} tokens "
              f"dropped, {100 * p['padding_share']:.2f}% padding")
-    if "samples" in led:
+    if "megatron" in led:
+        m = led["megatron"]
+        _log(f"megatron: {m['documents']:,} documents, {m['tokens']:,} tokens in {m['pairs']} .bin/.idx pair(s) -> "
+             f"{out / 'shards' / 'megatron'}")
+    if "samples" in led and led["samples"]:
         _log(f"shards: {led['samples']:,} samples, {led['samples_per_rank']:,} per rank "
              f"({led['samples_dropped_for_equal_ranks']} dropped for equal ranks) -> {out / 'shards' / 'manifest.json'}")
     if result.train:

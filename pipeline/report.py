@@ -296,6 +296,10 @@ def _tokens_packing_shards(r: ReportInputs) -> list[str]:
         lines += [f"- {s['samples']:,} samples in {s['files']} MindRecord files: {s['samples_per_rank']:,} per rank, "
                   f"{s['dropped_samples']:,} dropped so every rank holds the same count; {s['tokens']:,} tokens, "
                   f"{s['bytes'] / 1e6:.1f} MB (`shards/manifest.json`)"]
+        if "megatron_pairs" in s:
+            lines.append(f"- Megatron indexed datasets: {s['megatron_documents']:,} whole documents, "
+                         f"{s['megatron_tokens']:,} tokens ({s['megatron_dtype']}) in {s['megatron_pairs']} `.bin/.idx` "
+                         f"pair(s) under `shards/megatron/`; `mindformers_megatron_train_dataset.yaml` lists them")
     return lines + [""]
 
 
