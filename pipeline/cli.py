@@ -316,7 +316,8 @@ def _cmd_shards(args) -> int:
     from corpusmill.stages import tokenizer_kinds
     from corpusmill.stages.manifest import tokenizer_spec
 
-    manifest = check_shards(args.dir, verify=True, log=lambda m: None)  # never hand a damaged file to the reader
+    manifest = check_shards(args.dir, verify=True, log=lambda m: None,  # never hand a damaged file to the reader
+                            need_mindrecord=False)
     _log(json.dumps({k: v for k, v in manifest.items() if k != "files"}, indent=1, ensure_ascii=False))
     for e in manifest["files"]:
         _log(f"  {e['path']}: rank {e['rank']}, {e['samples']:,} samples, {e.get('tokens', 0):,} tokens")
