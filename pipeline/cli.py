@@ -304,8 +304,9 @@ def _cmd_shards(args) -> int:
         mega = (f"; {totals['megatron_pairs']} Megatron .bin/.idx pair(s), {totals['megatron_documents']:,} documents, "
                 f"{totals['megatron_tokens']:,} tokens") if "megatron_pairs" in totals else ""
         per_rank = next(iter(totals["samples_per_rank"].values()), 0)
-        _log(f"shards ok: {totals['files']} files, {totals['samples']:,} samples, {totals['ranks']} ranks x "
-             f"{per_rank:,} samples{mega}, largest id {totals['max_token_id']} "
+        mindrecord = (f"{totals['files']} files, {totals['samples']:,} samples, {totals['ranks']} ranks x {per_rank:,} "
+                      f"samples" if totals["files"] else "no MindRecord files")
+        _log(f"shards ok: {mindrecord}{mega}, largest id {totals['max_token_id']} "
              f"< vocabulary {totals['vocab_size']}; checked in {time.perf_counter() - started:.1f} s")
         return 0
     import json
@@ -464,7 +465,9 @@ def _print_run_summary(result, out: Path) -> None:
     for name, s in led["stages"].items():
         removed = ", ".join(f"{k} {v}" for k, v in sorted(s["removed"].items())) or "-"
         _log(f"  {name:<12} {s['in']:>9,} -> {s['out']:>9,}   removed: {removed}")
-    if "tokens" in led:
+    if "tokens" in led and "packing" not in led:  # shard.format megatron: whole documents, no packing
+        _log(f"tokens: {led['tokens']:,} (whole documents, not packed)")
+    elif "tokens" in led:
         p = led["packing"]
         _log(f"tokens: {led['tokens']:,}; packing {p['mode']}: {p['windows']:,} windows (seq+1 ids each), "
              f"{p['docs_split']:,} documents split, {p['docs_truncated']:,} truncated, {p['tokens_dropped']:,} tokens "
