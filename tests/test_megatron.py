@@ -161,3 +161,17 @@ def test_end_to_end_hf_tokenizer_and_both_formats(tmp_path, dask_client):
     bin_path.write_bytes(bin_path.read_bytes()[:-2])
     problems, _ = verify_shard_dir(str(shards))  # stops before MindSpore: the damage is found first
     assert any("megatron/corpus-r0001.bin" in p for p in problems), problems
+
+
+def test_run_summary_of_megatron_only_shards(capsys, tmp_path):
+    from types import SimpleNamespace
+
+    from corpusmill.pipeline.cli import _print_run_summary
+
+    ledger = {"input": 3, "kept": 3, "filtered": 0, "duplicates": 0, "quarantined": 0, "stages": {}, "tokens": 30,
+              "samples": 0, "samples_per_rank": 0, "samples_dropped_for_equal_ranks": 0,
+              "megatron": {"pairs": 2, "documents": 3, "tokens": 30}}
+    _print_run_summary(SimpleNamespace(ledger=ledger, train=None), tmp_path)
+    out = capsys.readouterr()
+    assert "tokens: 30 (whole documents, not packed)" in out.out + out.err
+    assert "megatron: 3 documents, 30 tokens in 2 .bin/.idx pair(s)" in out.out + out.err
