@@ -103,7 +103,10 @@ class TokenizeStep(Step):
             raise PipelineError(f"tokenizer.model {tc.model} does not exist")
         kind = tokenizer_kind(tc)
         sample = self._sample(ctx, kept_docs)
-        model_path = folder / model_file_name(kind, kinds.resolve_file(tc.model) if tc.model else None)
+        try:
+            model_path = folder / model_file_name(kind, kinds.resolve_file(tc.model) if tc.model else None)
+        except (kinds.TokenizerFormatError, OSError) as e:
+            raise PipelineError(f"tokenizer.model: {e}") from None
         origin = self._model(ctx, folder, model_path, sample, kind)
         info = self._check(ctx, model_path, sample, origin, kind)
         prepared = time.perf_counter()
