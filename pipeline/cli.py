@@ -100,15 +100,20 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def _add_tokenizer(sub: argparse._SubParsersAction) -> None:
     """`corpusmill tokenizer train INPUT... --out MODEL`: a SentencePiece model from a sample."""
-    tok = sub.add_parser("tokenizer", help="train a SentencePiece tokenizer from a corpus sample",
+    tok = sub.add_parser("tokenizer", help="train a SentencePiece or Hugging Face tokenizer from a corpus sample",
                          description="Tokenizer tools.")
     tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
-    ttrain = tok_sub.add_parser("train", help="train a SentencePiece model on a seeded sample of INPUT",
+    ttrain = tok_sub.add_parser("train", help="train a tokenizer on a seeded sample of INPUT",
                                 description="Read INPUT (files, folders, globs), normalise a seeded sample of documents "
                                 "as the pipeline does, train a SentencePiece model (unk/bos/eos/pad = 0/1/2/3, byte "
-                                "fallback, newline piece, digits split) and check it (ids, <unk> rate, round trip).")
+                                "fallback, newline piece, digits split) or, with --kind hf, a byte-level BPE "
+                                "tokenizer.json, and check it (ids, <unk> rate, round trip).")
     ttrain.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or globs")
-    ttrain.add_argument("--out", required=True, help="where to write the model (.model added if missing; .vocab beside it)")
+    ttrain.add_argument("--kind", choices=["sentencepiece", "hf"], default="sentencepiece",
+                        help="sentencepiece: a .model (default); hf: a byte-level BPE Hugging Face tokenizer.json with "
+                        "tokenizer_config.json beside it (<s>/</s>/<pad> = 0/1/2, user symbols next)")
+    ttrain.add_argument("--out", required=True, help="where to write the model (sentencepiece: .model added if missing, "
+                        ".vocab beside it; hf: a .json file name, or a folder that gets tokenizer.json)")
     ttrain.add_argument("--vocab-size", type=int, help="vocabulary size (default 8000)")
     ttrain.add_argument("--model-type", choices=["bpe", "unigram"], help="SentencePiece model type (default bpe)")
     ttrain.add_argument("--character-coverage", type=float, help="share of characters covered (default 0.9995, for Chinese)")
@@ -237,7 +242,10 @@ def _cmd_tokenizer(args) -> int:
         tc.user_symbols = [x for x in args.user_symbols.split(",") if x]
     cfg = parse_config(cfg.model_dump(mode="json"), "command line")
     tc = cfg.tokenizer.train
-    out = Path(args.out if args.out.endswith(".model") else args.out + ".model")
+    if args.kind == "hf":
+        out = Path(args.out) if args.out.endswith(".json") else Path(args.out) / "tokenizer.json"
+    else:
+        out = Path(args.out if args.out.endswith(".model") else args.out + ".model")
     files = read.expand_inputs(list(args.inputs))
     with tempfile.TemporaryDirectory() as tmp:
         units, to_count = read.plan_units(files, 1 << 62, int(cfg.input.part_size_mb * 2**20))
@@ -251,18 +259,30 @@ def _cmd_tokenizer(args) -> int:
 
         sample = normalize_array(pa.array(sample, pa.string()), **cfg.normalize.model_dump()).to_pylist()
         lines = tokenize.write_training_sample(sample, Path(tmp) / "sample.txt")
-        _log(f"tokenizer: training {tc.model_type}, vocab {tc.vocab_size}, on {len(sample):,} of {docs:,} documents "
+        what = "byte-level BPE (tokenizer.json)" if args.kind == "hf" else tc.model_type
+        _log(f"tokenizer: training {what}, vocab {tc.vocab_size}, on {len(sample):,} of {docs:,} documents "
              f"({lines:,} lines)")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        check = check_sample(sample, tc.seed)
+        if args.kind == "hf":
+            tokenize.train_hf_tokenizer(Path(tmp) / "sample.txt", out, vocab_size=tc.vocab_size, seed=tc.seed,
+                                        user_symbols=tuple(tc.user_symbols))
+            return _report_trained(out, cfg, check, tokenize.spec_of("hf"))
         model = tokenize.train_tokenizer(Path(tmp) / "sample.txt", Path(tmp) / "tok", vocab_size=tc.vocab_size,
                                          model_type=tc.model_type, character_coverage=tc.character_coverage,
                                          byte_fallback=tc.byte_fallback, seed=tc.seed, num_threads=os.cpu_count() or 1,
                                          user_symbols=tuple(tc.user_symbols))
-        out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(model, out)
         shutil.copyfile(str(model)[: -len(".model")] + ".vocab", out.with_suffix(".vocab"))
-        check = check_sample(sample, tc.seed)
+    return _report_trained(out, cfg, check, tokenize.spec_of("sentencepiece"))
+
+
+def _report_trained(out: Path, cfg: Any, check: list[str], spec: Any) -> int:
+    """Check a trained tokenizer on a sample and print its ids and rates."""
+    from corpusmill.stages import tokenize
+
     report = tokenize.check_tokenizer(str(out), add_bos=cfg.tokenizer.add_bos, add_eos=cfg.tokenizer.add_eos,
-                                      pad_id=None, model_vocab_size=None, sample_texts=check)
+                                      pad_id=None, model_vocab_size=None, sample_texts=check, spec=spec)
     _log(f"tokenizer: {out} (sha256 {report.sha256[:16]}…): vocabulary {report.vocab_size:,}; unk {report.unk_id}, "
          f"bos {report.bos_id}, eos {report.eos_id}, pad {report.pad_id}; on {report.sample_docs} sample documents "
          f"<unk> rate {report.unk_rate:.4%}, round-trip mismatches {report.roundtrip_mismatch_rate:.1%}")
@@ -281,8 +301,12 @@ def _cmd_shards(args) -> int:
             unread = " (samples not read back: fix these first)" if totals and not totals.get("rows_checked") else ""
             print(f"corpusmill: shards verify: {len(problems)} problem(s) in {args.dir}{unread}", file=sys.stderr)
             return 1
-        _log(f"shards ok: {totals['files']} files, {totals['samples']:,} samples, {totals['ranks']} ranks x "
-             f"{next(iter(totals['samples_per_rank'].values())):,} samples, largest id {totals['max_token_id']} "
+        mega = (f"; {totals['megatron_pairs']} Megatron .bin/.idx pair(s), {totals['megatron_documents']:,} documents, "
+                f"{totals['megatron_tokens']:,} tokens") if "megatron_pairs" in totals else ""
+        per_rank = next(iter(totals["samples_per_rank"].values()), 0)
+        mindrecord = (f"{totals['files']} files, {totals['samples']:,} samples, {totals['ranks']} ranks x {per_rank:,} "
+                      f"samples" if totals["files"] else "no MindRecord files")
+        _log(f"shards ok: {mindrecord}{mega}, largest id {totals['max_token_id']} "
              f"< vocabulary {totals['vocab_size']}; checked in {time.perf_counter() - started:.1f} s")
         return 0
     import json
@@ -290,14 +314,28 @@ def _cmd_shards(args) -> int:
     import mindspore.dataset as ds
 
     from corpusmill.trainer.data import check_shards
-    from corpusmill.stages.tokenize import load_tokenizer
+    from corpusmill.stages import tokenizer_kinds
+    from corpusmill.stages.manifest import tokenizer_spec
 
-    manifest = check_shards(args.dir, verify=True, log=lambda m: None)  # never hand a damaged file to the reader
+    manifest = check_shards(args.dir, verify=True, log=lambda m: None,  # never hand a damaged file to the reader
+                            need_mindrecord=False)
     _log(json.dumps({k: v for k, v in manifest.items() if k != "files"}, indent=1, ensure_ascii=False))
     for e in manifest["files"]:
         _log(f"  {e['path']}: rank {e['rank']}, {e['samples']:,} samples, {e.get('tokens', 0):,} tokens")
     tok = manifest["tokenizer"]
-    sp = load_tokenizer(str(Path(args.dir) / tok["path"]))
+    sp = tokenizer_kinds.load(str(Path(args.dir) / tok["path"]), tokenizer_spec(tok))  # any kind: .decode(ids)
+    if not manifest["files"]:  # Megatron pairs only: decode the first documents of the first pair
+        from corpusmill.stages.megatron import read_documents
+
+        for p in manifest["megatron"]["pairs"]:
+            _log(f"  {p['prefix']}.bin/.idx: rank {p['rank']}, {p['documents']:,} documents, {p['tokens']:,} tokens")
+        prefix = manifest["megatron"]["pairs"][0]["prefix"]
+        for i, ids in enumerate(read_documents(str(Path(args.dir) / prefix))):
+            if i >= args.decode:
+                break
+            _log(f"--- document {i} of {prefix} ({len(ids)} ids) ---")
+            _log(decode_window(sp, ids, tok["bos_id"], tok["eos_id"]))
+        return 0
     first = str(Path(args.dir) / manifest["files"][0]["path"])
     columns = ["input_ids", "labels"] if "labels" in manifest["columns"] else ["input_ids"]
     data = ds.MindDataset([first], columns_list=columns, shuffle=False)
@@ -427,12 +465,18 @@ def _print_run_summary(result, out: Path) -> None:
     for name, s in led["stages"].items():
         removed = ", ".join(f"{k} {v}" for k, v in sorted(s["removed"].items())) or "-"
         _log(f"  {name:<12} {s['in']:>9,} -> {s['out']:>9,}   removed: {removed}")
-    if "tokens" in led:
+    if "tokens" in led and "packing" not in led:  # shard.format megatron: whole documents, no packing
+        _log(f"tokens: {led['tokens']:,} (whole documents, not packed)")
+    elif "tokens" in led:
         p = led["packing"]
         _log(f"tokens: {led['tokens']:,}; packing {p['mode']}: {p['windows']:,} windows (seq+1 ids each), "
              f"{p['docs_split']:,} documents split, {p['docs_truncated']:,} truncated, {p['tokens_dropped']:,} tokens "
              f"dropped, {100 * p['padding_share']:.2f}% padding")
-    if "samples" in led:
+    if "megatron" in led:
+        m = led["megatron"]
+        _log(f"megatron: {m['documents']:,} documents, {m['tokens']:,} tokens in {m['pairs']} .bin/.idx pair(s) -> "
+             f"{out / 'shards' / 'megatron'}")
+    if "samples" in led and led["samples"]:
         _log(f"shards: {led['samples']:,} samples, {led['samples_per_rank']:,} per rank "
              f"({led['samples_dropped_for_equal_ranks']} dropped for equal ranks) -> {out / 'shards' / 'manifest.json'}")
     if result.train:

@@ -521,7 +521,8 @@ class DedupConfig(_Section):
 class TokenizerTrainConfig(_Section):
     vocab_size: int = Field(8000, ge=300, le=MAX_VOCAB, description="Vocabulary size of a tokenizer trained for this "
                             "run (at most 4194304 = 2^22; ids are stored as int32).")
-    model_type: Literal["bpe", "unigram"] = Field("bpe", description="SentencePiece model type.")
+    model_type: Literal["bpe", "unigram"] = Field("bpe", description="SentencePiece model type (tokenizer.kind hf always "
+                                                  "trains byte-level BPE).")
     sample_docs: int = Field(20000, gt=0, le=MAX_COUNT, description="Documents sampled (deterministically, by uid hash) to train on.")
     max_sample_mb: int = Field(64, gt=0, le=MAX_PART_MB, description="Cap on the text given to the trainer (at most 16384).")
     character_coverage: float = Field(0.9995, gt=0, le=1, description="Share of characters covered; 0.9995 suits Chinese.")
@@ -533,7 +534,24 @@ class TokenizerTrainConfig(_Section):
 
 
 class TokenizerConfig(_Section):
-    model: Optional[str] = Field(None, description="Path of a SentencePiece .model; when null one is trained (tokenizer.train).")
+    model: Optional[str] = Field(None, description="Path of the tokenizer: a SentencePiece .model, a Hugging Face "
+                                 "tokenizer.json or a folder holding one (with tokenizer_config.json), a tiktoken-format "
+                                 "file (Mistral tekken .json, or a plain .tiktoken BPE-ranks file); when null one is "
+                                 "trained (tokenizer.train, of tokenizer.kind sentencepiece or hf).")
+    kind: Optional[Literal["sentencepiece", "hf", "tiktoken"]] = Field(
+        None, description="Tokenizer format; null detects it from the file (a model given) or trains sentencepiece.")
+    bos_token: Optional[str] = Field(None, description="BOS as a token string; null takes the tokenizer's own "
+                                     "(tokenizer_config.json bos_token, the model's BOS piece, or a token named <s>, "
+                                     "<|begin_of_text|>, ...).")
+    eos_token: Optional[str] = Field(None, description="EOS as a token string; null takes the tokenizer's own "
+                                     "(tokenizer_config.json eos_token, the model's EOS piece, or </s>, <|endoftext|>, ...).")
+    pad_token: Optional[str] = Field(None, description="Pad as a token string (or pad_id); null takes the tokenizer's own "
+                                     "pad, else its unk, else its EOS.")
+    tiktoken_pattern: Optional[str] = Field(None, description="Split regex of a plain .tiktoken file; null: Llama-3's "
+                                            "(cl100k_base's) pattern. Tekken .json files carry their own.")
+    tiktoken_special_tokens: list[str] = Field(
+        default_factory=list, description="Special tokens of a plain .tiktoken file, in id order after the ranks (Llama-3: "
+        "<|begin_of_text|>, <|end_of_text|>, ...).")
     train: TokenizerTrainConfig = Field(default_factory=TokenizerTrainConfig)
     add_bos: bool = Field(False, description="Prepend BOS to every document.")
     add_eos: bool = Field(True, description="Append EOS to every document (needed to rebuild document boundaries).")
@@ -544,6 +562,14 @@ class TokenizerConfig(_Section):
     max_unk_rate: float = Field(
         0.01, ge=0, le=1, description="Refuse the tokenizer when more of a sample's tokens than this are <unk>."
     )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TokenizerConfig":
+        if self.pad_id is not None and self.pad_token is not None:
+            raise ValueError("give pad_id or pad_token, not both")
+        if self.model is None and self.kind == "tiktoken":
+            raise ValueError("kind: tiktoken needs a model file (only sentencepiece and hf tokenizers can be trained)")
+        return self
 
 
 class PackConfig(_Section):
@@ -564,6 +590,10 @@ class PackConfig(_Section):
 
 
 class ShardConfig(_Section):
+    format: Literal["mindrecord", "megatron", "both"] = Field(
+        "mindrecord", description="mindrecord: packed windows in MindRecord files (what `corpusmill train` and mindformers' "
+        "MindDataset read); megatron: Megatron-Core .bin/.idx pairs of whole documents, one pair per rank, for "
+        "mindformers' BlendedMegatronDatasetDataLoader (pack is skipped); both: the two side by side.")
     layout: Literal["per_rank", "global"] = Field(
         "per_rank", description="per_rank: a folder and distinct file prefix per data-parallel rank; global: one set "
         "corpus.mindrecordNN that MindDataset(num_shards=ranks, shard_id=rank) splits (stock mindformers).")
@@ -660,6 +690,14 @@ class Config(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     migration_notes: list[str] = Field(default_factory=list, exclude=True, repr=False,
                                        description="Set by the loader: keys moved from an older config_version.")
+
+    @model_validator(mode="after")
+    def _megatron_needs(self) -> "Config":
+        if self.shard.format != "mindrecord" and not self.tokenizer.add_eos:
+            raise ValueError("shard.format megatron/both writes whole documents ending with EOS: set tokenizer.add_eos: true")
+        if self.shard.format == "megatron" and self.train.enabled:
+            raise ValueError("train.enabled reads MindRecord shards: set shard.format to mindrecord or both")
+        return self
 
     @field_validator("config_version")
     @classmethod

@@ -190,9 +190,9 @@ def check_training_memory(cfg: Any, available: int) -> list[Check]:
 
 def _tokenizer_vocab(path: str) -> Optional[int]:
     try:
-        import sentencepiece as spm
+        from corpusmill.stages import tokenizer_kinds
 
-        return spm.SentencePieceProcessor(model_file=path).get_piece_size()
+        return tokenizer_kinds.load(path).vocab_size  # any kind, detected (a plain .tiktoken: specials not counted)
     except Exception:  # noqa: BLE001 - the tokenizer check reports an unreadable model
         return None
 
@@ -246,7 +246,7 @@ def check_files(cfg: Any) -> list[Check]:
         checks.append(Check("input", ERROR, str(e), "fix input.paths"))
     model = cfg.tokenizer.model
     if model:
-        ok = os.path.isfile(model) and os.access(model, os.R_OK)
+        ok = os.path.exists(model) and os.access(model, os.R_OK)  # a file, or a Hugging Face folder
         checks.append(Check("tokenizer", OK if ok else ERROR,
                             f"{model} " + ("is readable" if ok else "does not exist or is unreadable"),
                             "fix tokenizer.model, or set it to null to train one on the corpus"))

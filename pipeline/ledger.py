@@ -85,6 +85,8 @@ def build_ledger(stats: dict[str, dict], doc_stages: dict[str, str]) -> dict[str
         ledger["samples_per_rank"] = int(stats["shard"]["samples_per_rank"])
         ledger["samples_dropped_for_equal_ranks"] = int(stats["shard"]["dropped_samples"])
         ledger["shard_bytes"] = int(stats["shard"]["bytes"])
+        if "megatron_pairs" in stats["shard"]:
+            ledger["megatron"] = {k: stats["shard"][f"megatron_{k}"] for k in ("pairs", "documents", "tokens")}
     return ledger
 
 

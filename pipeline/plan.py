@@ -43,7 +43,8 @@ class Plan:
 
 
 def build_plan(cfg: Config, job: str) -> Plan:
-    """run: read, normalize, filter, pii (when enabled), dedup, tokenize, pack, shard (then training when enabled).
+    """run: read, normalize, filter, pii (when enabled), dedup, tokenize, pack, shard (then training when
+    enabled); pack is left out when shard.format is megatron (whole documents only).
     dedup: read, dedup, export (the original text is kept; dedup normalises only for hashing)."""
     if job not in JOBS:
         raise ValueError(f"unknown job {job!r}")
@@ -60,5 +61,8 @@ def build_plan(cfg: Config, job: str) -> Plan:
     last_documents = steps[-1].name
     if job == "dedup":
         return Plan(job, steps + [ExportStep(reads=last_documents)], train=False)
-    steps += [TokenizeStep(reads=last_documents), PackStep(reads="tokenize"), ShardStep(reads="pack")]
+    if cfg.shard.format == "megatron":  # whole documents: Megatron's loader packs at train time
+        steps += [TokenizeStep(reads=last_documents), ShardStep(reads="tokenize")]
+    else:
+        steps += [TokenizeStep(reads=last_documents), PackStep(reads="tokenize"), ShardStep(reads="pack")]
     return Plan(job, steps, train=cfg.train.enabled)

@@ -292,16 +292,27 @@ def _near_duplicates(r: ReportInputs) -> list[str]:
     return lines + [""]
 
 
+def _special(tok: dict, key: str) -> str:
+    """A special id with its token string and where it came from when known (`none` for -1)."""
+    i = tok[f"{key}_id"]
+    if i < 0:
+        return "none"
+    name = (tok.get("tokens") or {}).get(key)
+    source = (tok.get("special_sources") or {}).get(key)
+    detail = ", ".join(x for x in (f"`{_md_escape(name)}`" if name else "", source if source and key != "pad" else "") if x)
+    return f"{i} ({detail})" if detail else str(i)
+
+
 def _tokenizer(r: ReportInputs) -> list[str]:
     tok = r.extra.get("tokenize", {}).get("tokenizer")
     if not tok:
         return []
     lines = ["## Tokenizer", "",
-             f"- model: `{tok['path']}` ({tok['origin']}), sha256 `{tok['sha256'][:16]}…`",
-             f"- vocabulary {tok['vocab_size']:,}; bos {tok['bos_id']}, eos {tok['eos_id']}, unk {tok['unk_id']}, "
-             f"pad {tok['pad_id']} ({tok['pad_source']})",
-             f"- sample of {tok['sample_docs']} documents: <unk> rate {tok['unk_rate']:.4%}, "
-             f"encode→decode mismatches {tok['roundtrip_mismatch_rate']:.1%}"]
+             f"- model: `{tok['path']}` ({tok.get('kind', 'sentencepiece')}, {tok['origin']}), sha256 `{tok['sha256'][:16]}…`",
+             f"- vocabulary {tok['vocab_size']:,} (added and special tokens counted); bos {_special(tok, 'bos')}, "
+             f"eos {_special(tok, 'eos')}, unk {_special(tok, 'unk')}, pad {_special(tok, 'pad')} ({tok['pad_source']})",
+             f"- sample of {tok['sample_docs']} documents: <unk> rate {tok['unk_rate']:.4%}, byte-fallback rate "
+             f"{tok.get('byte_fallback_rate', 0.0):.4%}, encode→decode mismatches {tok['roundtrip_mismatch_rate']:.1%}"]
     if tok.get("model_vocab_size"):
         lines.append(f"- model vocab_size {tok['model_vocab_size']:,}; embedding rows never trained: "
                      f"{tok['unused_embedding_rows']:,}")
@@ -328,6 +339,10 @@ def _tokens_packing_shards(r: ReportInputs) -> list[str]:
         lines += [f"- {s['samples']:,} samples in {s['files']} MindRecord files: {s['samples_per_rank']:,} per rank, "
                   f"{s['dropped_samples']:,} dropped so every rank holds the same count; {s['tokens']:,} tokens, "
                   f"{s['bytes'] / 1e6:.1f} MB (`shards/manifest.json`)"]
+        if "megatron_pairs" in s:
+            lines.append(f"- Megatron indexed datasets: {s['megatron_documents']:,} whole documents, "
+                         f"{s['megatron_tokens']:,} tokens ({s['megatron_dtype']}) in {s['megatron_pairs']} `.bin/.idx` "
+                         f"pair(s) under `shards/megatron/`; `mindformers_megatron_train_dataset.yaml` lists them")
     return lines + [""]
 
 

@@ -49,12 +49,16 @@ _TOKENIZER_KEYS: dict[str, Any] = {
 _FILE_KEYS: dict[str, Any] = {"path": str, "rank": (_INT, None), "samples": _INT, "sha256": str, "db_sha256": str,
                               "bytes": _INT}
 _OPTIONAL_FILE: dict[str, Any] = {"tokens": _INT, "pad_tokens": _INT, "rows_xxh3_sum": _INT}
+_PAIR_KEYS: dict[str, Any] = {"prefix": str, "rank": _INT, "documents": _INT, "tokens": _INT, "dtype": str,
+                              "bin_sha256": str, "idx_sha256": str, "bin_bytes": _INT, "idx_bytes": _INT}
+MEGATRON_NAME = re.compile(r"\.(bin|idx)$")
 
 
 def build(*, version: str, config_hash: str, created_utc: str, seq_length: int, tokenizer: dict[str, Any],
           add_bos: bool, add_eos: bool, labels: bool, pack_mode: str, layout: str, ranks: int, files_per_rank: int,
           samples_per_rank: int, total_samples: int, dropped: int, repeated: int, remainder: str, shuffle_seed: int,
-          files: list[dict[str, Any]]) -> dict[str, Any]:
+          files: list[dict[str, Any]], tokenizer_file: str = "tokenizer.model", megatron: Optional[dict[str, Any]] = None,
+          formats: Optional[list[str]] = None) -> dict[str, Any]:
     """The manifest of a finished set of shards, in FORMAT. `tokenizer` holds the checked tokenizer's
     sha256, special ids, pad source and vocabulary size; `files` one entry per MindRecord file."""
     window = seq_length + 1
@@ -62,7 +66,7 @@ def build(*, version: str, config_hash: str, created_utc: str, seq_length: int, 
                              "note": "seq_length + 1 ids; the model shifts by one for labels; EOS ends every document"}}
     if labels:
         columns["labels"] = {"type": "int32", "shape": [window], "note": "input_ids with -100 on trailing padding"}
-    return {
+    doc = {
         "format": FORMAT,
         "corpusmill_version": version,
         "config_hash": config_hash,
@@ -71,7 +75,7 @@ def build(*, version: str, config_hash: str, created_utc: str, seq_length: int, 
         "sample_length": window,
         "vocab_size": tokenizer["vocab_size"],
         "tokenizer": {k: tokenizer[k] for k in ("sha256", "bos_id", "eos_id", "unk_id", "pad_id", "pad_source", "vocab_size")}
-        | {"path": "tokenizer.model", "add_bos": add_bos, "add_eos": add_eos},
+        | {"path": tokenizer_file, "add_bos": add_bos, "add_eos": add_eos} | _kind_keys(tokenizer),
         "columns": columns,
         "pack_mode": pack_mode,
         "layout": layout,
@@ -86,6 +90,39 @@ def build(*, version: str, config_hash: str, created_utc: str, seq_length: int, 
         "shuffle_seed": shuffle_seed,
         "files": files,
     }
+    if megatron is not None:  # a MindRecord-only manifest stays exactly as it was
+        pairs = megatron["pairs"]
+        doc["formats"] = formats or ["megatron"]
+        doc["megatron"] = {"dtype": megatron["dtype"], "documents": sum(p["documents"] for p in pairs),
+                           "tokens": sum(p["tokens"] for p in pairs),
+                           "note": "Megatron-Core indexed datasets: PREFIX.bin + PREFIX.idx, one sequence per whole "
+                                   "document ending with EOS; mindformers_megatron_train_dataset.yaml lists them",
+                           "pairs": pairs}
+    return doc
+
+
+def _kind_keys(tokenizer: dict[str, Any]) -> dict[str, Any]:
+    """What a tokenizer other than SentencePiece adds to the manifest: its kind, the special token
+    strings (so a checker finds the ids again) and, for a plain .tiktoken file, how to load it. A
+    SentencePiece manifest stays as it was (no `kind`: sentencepiece)."""
+    kind = tokenizer.get("kind", "sentencepiece")
+    if kind == "sentencepiece":
+        return {}
+    keys: dict[str, Any] = {"kind": kind, "tokens": dict(tokenizer.get("tokens") or {})}
+    if kind == "tiktoken" and not str(tokenizer.get("path", "")).endswith(".json"):
+        keys["tiktoken"] = {"pattern": tokenizer.get("pattern"), "special_tokens": list(tokenizer.get("special_tokens") or [])}
+    return keys
+
+
+def tokenizer_spec(tok: dict[str, Any]) -> Any:
+    """The load spec of a manifest's tokenizer section."""
+    from .tokenizer_kinds import TokenizerSpec
+
+    kind = tok.get("kind", "sentencepiece")
+    extra = tok.get("tiktoken") or {}
+    if kind != "tiktoken":
+        return TokenizerSpec(kind)
+    return TokenizerSpec(kind, extra.get("pattern"), tuple(extra.get("special_tokens") or ()))
 
 
 def _is(value: Any, kind: Any) -> bool:
@@ -150,9 +187,10 @@ def structure_problems(manifest: Any) -> list[str]:
     if isinstance(manifest.get("tokenizer"), dict):
         problems += _keys(manifest["tokenizer"], _TOKENIZER_KEYS, {}, "tokenizer")
     files = manifest.get("files")
+    mega = manifest.get("megatron")
+    problems += _megatron_structure(mega) if mega is not None else []
     if isinstance(files, list):
-        if not files:
-            problems.append("lists no files")
+        problems += ["lists no files"] if not files and mega is None else []
         for i, entry in enumerate(files):
             if not isinstance(entry, dict):
                 problems.append(f"files[{i}] is {_show(entry)}, expected an object")
@@ -173,6 +211,7 @@ def structure_problems(manifest: Any) -> list[str]:
         why = unsafe_path(rel)
         if why:
             problems.append(f"{where} {_show(rel)} {why}")
+    problems += _megatron_values(mega)
     for where, value in [("tokenizer.sha256", tok["sha256"])] + [
             (f"files[{i}].{k}", e[k]) for i, e in enumerate(files) for k in ("sha256", "db_sha256")]:
         if not _SHA256.match(value):
@@ -191,6 +230,34 @@ def structure_problems(manifest: Any) -> list[str]:
     paths = [os.path.normpath(e["path"]) for e in files]
     if len(set(paths)) != len(paths):
         problems.append("lists the same file more than once")
+    return problems
+
+
+def _megatron_structure(mega: Any) -> list[str]:
+    if not isinstance(mega, dict):
+        return [f"megatron is {_show(mega)}, expected an object"]
+    pairs = mega.get("pairs")
+    if not isinstance(pairs, list) or not pairs:
+        return ["megatron.pairs is missing or empty"]
+    problems = []
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, dict):
+            problems.append(f"megatron.pairs[{i}] is {_show(pair)}, expected an object")
+            continue
+        problems += _keys(pair, _PAIR_KEYS, {"max_id": _INT}, f"megatron.pairs[{i}]")
+    return problems
+
+
+def _megatron_values(mega: Optional[dict]) -> list[str]:
+    """Each pair's prefix is a plain relative path and its checksums are sha256s."""
+    problems = []
+    for i, pair in enumerate((mega or {}).get("pairs", [])):
+        why = unsafe_path(pair["prefix"])
+        if why:
+            problems.append(f"megatron.pairs[{i}].prefix {_show(pair['prefix'])} {why}")
+        for k in ("bin_sha256", "idx_sha256"):
+            if not _SHA256.match(pair[k]):
+                problems.append(f"megatron.pairs[{i}].{k} {_show(pair[k])} is not a sha256 (64 lowercase hex digits)")
     return problems
 
 
@@ -285,9 +352,12 @@ def consistency_problems(m: dict[str, Any]) -> list[str]:
     vocab = m["vocab_size"]
     for key in ("eos_id", "pad_id", "unk_id", "bos_id"):
         value = tok[key]
-        optional = key == "bos_id" and not tok.get("add_bos") or key == "eos_id" and not tok.get("add_eos")
+        optional = (key == "bos_id" and not tok.get("add_bos") or key == "eos_id" and not tok.get("add_eos")
+                    or key == "unk_id" and tok.get("kind", "sentencepiece") != "sentencepiece")  # byte-level BPE: no unk
         if not (0 <= value < vocab or (optional and value == -1)):
             problems.append(f"tokenizer.{key} {value} is outside the vocabulary (0..{vocab - 1})")
+    if not files and m.get("megatron") is not None:
+        return problems  # Megatron pairs only: their own checks (stages.megatron.pair_problems)
     if len(files) != ranks * fpr:
         problems.append(f"ranks {ranks} x files_per_rank {fpr} = {ranks * fpr} files, but the manifest lists {len(files)}")
     layout = m.get("layout", "per_rank")
@@ -373,6 +443,8 @@ def tokenizer_problems(shards_dir: str, manifest: dict[str, Any]) -> list[str]:
         return [f"tokenizer {rel}: cannot be read: {e.strerror or e}"]
     if digest != tok["sha256"]:
         return [f"tokenizer {rel}: changed while it was being checked"]
+    if tok.get("kind", "sentencepiece") != "sentencepiece":
+        return _other_tokenizer_problems(path, rel, manifest)
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(data)
@@ -396,6 +468,33 @@ def tokenizer_problems(shards_dir: str, manifest: dict[str, Any]) -> list[str]:
                             f"({piece}) is {value}")
     if source == "config" and not 0 <= tok["pad_id"] < vocab:
         problems.append(f"tokenizer.pad_id {tok['pad_id']} is outside the tokenizer's vocabulary (0..{vocab - 1})")
+    return problems
+
+
+def _other_tokenizer_problems(path: str, rel: str, manifest: dict[str, Any]) -> list[str]:
+    """A Hugging Face or tiktoken tokenizer: it loads as its kind, its vocabulary (added tokens
+    counted) matches, and each special token string the manifest names is still that id."""
+    from .tokenizer_kinds import TokenizerFormatError, load
+
+    tok = manifest["tokenizer"]
+    if tok["kind"] not in ("hf", "tiktoken"):
+        return [f"tokenizer.kind {_show(tok['kind'])} is not sentencepiece, hf or tiktoken"]
+    try:
+        t = load(path, tokenizer_spec(tok))
+    except (TokenizerFormatError, OSError, ValueError) as e:
+        return [f"tokenizer {rel}: not a {tok['kind']} tokenizer ({_first_line(e)})"]
+    problems = []
+    if t.vocab_size != manifest["vocab_size"] or t.vocab_size != tok["vocab_size"]:
+        problems.append(f"tokenizer {rel} has {t.vocab_size} ids but the manifest says vocab_size {manifest['vocab_size']} "
+                        f"(tokenizer.vocab_size {tok['vocab_size']})")
+    names = tok.get("tokens") if isinstance(tok.get("tokens"), dict) else {}
+    for key in ("bos", "eos", "unk", "pad"):
+        name = names.get(key)
+        if not isinstance(name, str) or (key == "pad" and tok["pad_source"] not in ("tokenizer", "config")):
+            continue
+        own = t.token_id(name)
+        if own != tok[f"{key}_id"]:
+            problems.append(f"tokenizer.{key}_id is {tok[f'{key}_id']} but the tokenizer's own {name!r} is {own}")
     return problems
 
 
@@ -487,6 +586,12 @@ def content_problems(shards_dir: str, manifest: dict[str, Any]) -> list[str]:
             problems += bad
             continue  # never parse a file whose bytes are not the ones written
         problems += pairing_problems(path, rel, entry["samples"])
+    if manifest.get("megatron") is not None:
+        from .megatron import pair_problems
+
+        eos = manifest["tokenizer"]["eos_id"] if manifest["tokenizer"].get("add_eos", True) else -1
+        for pair in manifest["megatron"]["pairs"]:
+            problems += pair_problems(root, pair, manifest["vocab_size"], eos)
     problems += unlisted_problems(root, manifest)
     return problems
 
@@ -495,14 +600,18 @@ def unlisted_problems(root: str, manifest: dict[str, Any]) -> list[str]:
     """MindRecord files in the folder that the manifest does not list: mindformers' dataset_dir
     collects every one, so a stray file would be trained on."""
     listed = {os.path.normpath(e["path"]) for e in manifest["files"]}
+    pairs = {os.path.normpath(p["prefix"] + ext) for p in (manifest.get("megatron") or {}).get("pairs", [])
+             for ext in (".bin", ".idx")}
     problems = []
     for folder, _, names in os.walk(root):
         for name in sorted(names):
             rel = os.path.normpath(os.path.relpath(os.path.join(folder, name), root))
+            shown = rel.encode("utf-8", "backslashreplace").decode("utf-8")  # a name that is not UTF-8, shown escaped
             if MINDRECORD_NAME.search(name) and rel not in listed:
-                rel = rel.encode("utf-8", "backslashreplace").decode("utf-8")  # a name that is not UTF-8, shown escaped
-                problems.append(f"{rel}: a MindRecord file the manifest does not list (mindformers' dataset_dir "
+                problems.append(f"{shown}: a MindRecord file the manifest does not list (mindformers' dataset_dir "
                                 "would read it)")
+            elif MEGATRON_NAME.search(name) and rel.startswith("megatron") and rel not in pairs:
+                problems.append(f"{shown}: a Megatron .bin/.idx file the manifest does not list")
     return problems
 
 

@@ -351,8 +351,16 @@ def verify_shard_dir(shards_dir: str) -> tuple[list[str], dict]:
     problems = mf.check(root, manifest)
     ranks, vocab, window = manifest["ranks"], manifest["vocab_size"], manifest["sample_length"]
     totals: dict[str, Any] = {"files": len(manifest["files"]), "ranks": ranks, "vocab_size": vocab, "rows_checked": False}
+    mega = manifest.get("megatron")
+    if mega is not None:  # its pairs were read in full by mf.check (stages.megatron.pair_problems)
+        totals.update(megatron_pairs=len(mega["pairs"]), megatron_documents=sum(p["documents"] for p in mega["pairs"]),
+                      megatron_tokens=sum(p["tokens"] for p in mega["pairs"]))
     if problems:
         return problems, totals  # damaged or inconsistent: no file goes to MindSpore's reader
+    if not manifest["files"]:
+        totals.update(samples=0, samples_per_rank={}, max_token_id=max(p.get("max_id", -1) for p in mega["pairs"]),
+                      rows_checked=True)
+        return problems, totals
     layout = manifest.get("layout", "per_rank")
     files = [(e["path"], os.path.join(root, e["path"])) for e in manifest["files"]]
     size = sum(e["bytes"] for e in manifest["files"])

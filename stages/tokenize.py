@@ -1,7 +1,8 @@
-"""SentencePiece tokenization with safety checks before any long work.
+"""Tokenization with safety checks before any long work, for every tokenizer kind
+(`stages.tokenizer_kinds`: SentencePiece, Hugging Face tokenizer.json, tiktoken/tekken).
 
 Encoding runs in native code over whole batches (one call per `batch_docs` documents) inside Dask
-worker processes; sentencepiece's own threads barely help. Tokens leave as Arrow `list<int32>`.
+worker processes, one tokenizer thread each. Tokens leave as Arrow `list<int32>`.
 """
 from __future__ import annotations
 
@@ -15,11 +16,10 @@ import pandas as pd
 import pyarrow as pa
 import sentencepiece as spm
 
+from . import tokenizer_kinds as kinds
 from .base import BatchResult, atomic_file, file_sha256, write_bytes_atomic, write_text_atomic
 
 TOKEN_SCHEMA = pa.schema([("uid", pa.int64()), ("n_tokens", pa.int32()), ("input_ids", pa.list_(pa.int32()))])
-
-_CACHE: dict[str, spm.SentencePieceProcessor] = {}
 
 
 class TokenizerError(ValueError):
@@ -27,19 +27,18 @@ class TokenizerError(ValueError):
 
 
 def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
-    """Load a .model once per process (Dask workers keep it between partitions)."""
-    key = os.path.abspath(path)
-    sp = _CACHE.get(key)
-    if sp is None:
-        if not os.path.isfile(path):
-            raise TokenizerError(f"tokenizer model {path} does not exist")
-        sp = spm.SentencePieceProcessor()
-        try:
-            sp.Load(path)
-        except Exception as e:  # noqa: BLE001 - sentencepiece raises bare OSError/RuntimeError
-            raise TokenizerError(f"{path} is not a SentencePiece model: {e}") from None
-        _CACHE[key] = sp
-    return sp
+    """A SentencePiece .model, loaded once per process (Dask workers keep it between partitions)."""
+    return _load(path, kinds.TokenizerSpec("sentencepiece")).sp  # type: ignore[attr-defined]
+
+
+def _load(path: str, spec: Optional[kinds.TokenizerSpec]) -> kinds.Tokenizer:
+    try:
+        return kinds.load(path, spec)
+    except (kinds.TokenizerFormatError, OSError) as e:
+        msg = str(e)
+        if "does not exist" in msg and spec is not None and spec.kind == "sentencepiece":
+            msg = f"tokenizer model {path} does not exist"
+        raise TokenizerError(msg) from None
 
 
 @dataclass
@@ -63,6 +62,23 @@ class TokenizerReport:
     roundtrip_mismatch_rate: float = 0.0
     roundtrip_examples: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
+    kind: str = "sentencepiece"
+    tokens: dict = field(default_factory=dict)  # {"bos": "<s>", "eos": ..., "pad": ..., "unk": ...}: the strings
+    special_sources: dict = field(default_factory=dict)  # where each special came from (config, tokenizer, ...)
+    byte_fallback_rate: float = 0.0  # share of sample tokens that are <0xNN> byte pieces
+    pattern: Optional[str] = None  # a plain .tiktoken file's split pattern
+    special_tokens: list = field(default_factory=list)  # a plain .tiktoken file's special tokens, ids after the ranks
+
+    def spec(self) -> kinds.TokenizerSpec:
+        """How to load the checked tokenizer again (a worker, the shard step, `shards inspect`)."""
+        return spec_of(self.kind, self.pattern, self.special_tokens)
+
+
+def spec_of(kind: str, pattern: Optional[str] = None, special_tokens: Optional[list] = None) -> kinds.TokenizerSpec:
+    """A hashable load spec (the pattern and special tokens matter only for a plain .tiktoken file)."""
+    if kind != "tiktoken":
+        return kinds.TokenizerSpec(kind)
+    return kinds.TokenizerSpec(kind, pattern, tuple(special_tokens or ()))
 
 
 def check_tokenizer(
@@ -74,28 +90,46 @@ def check_tokenizer(
     model_vocab_size: Optional[int],
     sample_texts: list[str],
     max_unk_rate: float = 0.01,
+    spec: Optional[kinds.TokenizerSpec] = None,
+    tokens: Optional[dict] = None,
 ) -> TokenizerReport:
-    """Refuse a tokenizer that would corrupt training, before any long work starts."""
-    sp = load_tokenizer(path)
-    vocab = sp.GetPieceSize()
-    bos, eos, unk, model_pad = sp.bos_id(), sp.eos_id(), sp.unk_id(), sp.pad_id()
+    """Refuse a tokenizer that would corrupt training, before any long work starts. `spec` None:
+    the kind is detected; `tokens` names BOS/EOS/pad by string (else the tokenizer's own config)."""
+    if spec is None:
+        try:
+            spec = kinds.TokenizerSpec(kinds.detect_kind(path)) if os.path.exists(path) else kinds.TokenizerSpec("sentencepiece")
+        except (kinds.TokenizerFormatError, OSError) as e:
+            raise TokenizerError(str(e)) from None
+    tok = _load(path, spec)
+    try:
+        sp_ = kinds.resolve_specials(tok, tokens or {})
+    except kinds.TokenizerFormatError as e:
+        raise TokenizerError(str(e)) from None
+    vocab = tok.vocab_size
+    bos, eos, unk, model_pad = sp_.bos_id, sp_.eos_id, sp_.unk_id, sp_.pad_id
     problems = []
     if add_eos and eos < 0:
-        problems.append("add_eos is set but the tokenizer has no EOS piece")
+        problems.append("add_eos is set but the tokenizer has no EOS piece" + _name_hint(tok, "eos"))
     if add_bos and bos < 0:
-        problems.append("add_bos is set but the tokenizer has no BOS piece")
+        problems.append("add_bos is set but the tokenizer has no BOS piece" + _name_hint(tok, "bos"))
     specials = {name: i for name, i in (("bos", bos), ("eos", eos), ("unk", unk)) if i >= 0}
     if len(set(specials.values())) != len(specials):
         problems.append(f"special ids are not distinct: {specials}")
     if pad_id is not None:
         chosen_pad, pad_source = pad_id, "config"
     elif model_pad >= 0:
-        chosen_pad, pad_source = model_pad, "tokenizer"
-    else:
+        chosen_pad, pad_source = model_pad, "config" if sp_.sources["pad"] == "config" else "tokenizer"
+    elif unk >= 0:
         chosen_pad, pad_source = unk, "unk (the tokenizer defines no pad)"
+    else:
+        chosen_pad, pad_source = eos, "eos (the tokenizer defines neither pad nor unk)"
     if not 0 <= chosen_pad < vocab:
         problems.append(f"pad id {chosen_pad} is outside the vocabulary (0..{vocab - 1})")
-    report = TokenizerReport(path, file_sha256(path), vocab, bos, eos, unk, chosen_pad, pad_source, model_vocab_size)
+    report = TokenizerReport(path, file_sha256(tok.path), vocab, bos, eos, unk, chosen_pad, pad_source, model_vocab_size,
+                             kind=tok.kind, tokens=sp_.tokens, special_sources=sp_.sources,
+                             pattern=spec.pattern, special_tokens=list(spec.special_tokens))
+    if pad_id is not None or model_pad < 0:
+        report.tokens = {**report.tokens, "pad": None}  # the pad id is not a named pad token's
     if model_vocab_size is not None:
         if vocab > model_vocab_size:
             problems.append(
@@ -112,20 +146,23 @@ def check_tokenizer(
         raise TokenizerError(f"tokenizer {path}: " + "; ".join(problems))
 
     if sample_texts:
-        ids = sp.encode(sample_texts, out_type=int)
+        ids = tok.encode(sample_texts)
         report.sample_docs = len(sample_texts)
         report.sample_tokens = sum(len(x) for x in ids)
-        unk_count = sum(x.count(unk) for x in ids) if unk >= 0 else 0
+        unk_count = sum(int((x == unk).sum()) for x in ids) if unk >= 0 else 0
         report.unk_rate = unk_count / max(1, report.sample_tokens)
+        fallback = tok.fallback_ids()
+        if fallback.size and report.sample_tokens:
+            report.byte_fallback_rate = sum(int(np.isin(x, fallback).sum()) for x in ids) / report.sample_tokens
         if unk_count:
             chars: dict[str, int] = {}
             for text, seq in zip(sample_texts, ids):
                 if unk in seq:
                     for ch in set(text):
-                        if unk in sp.encode(ch, out_type=int):
+                        if unk in tok.encode([ch])[0]:
                             chars[ch] = chars.get(ch, 0) + text.count(ch)
             report.top_unk_chars = sorted(chars.items(), key=lambda kv: -kv[1])[:10]
-        decoded = sp.decode(ids)
+        decoded = [tok.decode(x) for x in ids]
         bad = [(t, d) for t, d in zip(sample_texts, decoded) if t != d]
         report.roundtrip_mismatch_rate = len(bad) / len(sample_texts)
         report.roundtrip_examples = [{"text": t[:120], "decoded": d[:120]} for t, d in bad[:3]]
@@ -139,6 +176,10 @@ def check_tokenizer(
                 f"{report.roundtrip_mismatch_rate:.1%} of sample documents do not survive encode->decode unchanged"
             )
     return report
+
+
+def _name_hint(tok: kinds.Tokenizer, which: str) -> str:
+    return "" if tok.kind == "sentencepiece" else f" (name one: tokenizer.{which}_token)"
 
 
 def write_training_sample(texts: list[str], path: Path) -> int:
@@ -255,22 +296,32 @@ def _train(sample_file: Path, model_prefix: Path, vocab_size: int, model_type: s
     )
 
 
-def tokenize_batch(docs: pa.Table | pd.DataFrame, model_path: str, add_bos: bool, add_eos: bool, batch_docs: int) -> BatchResult:
-    """Encode the `text` column into `input_ids` (list<int32>), BOS/EOS per config."""
-    sp = load_tokenizer(model_path)
+def tokenize_batch(docs: pa.Table | pd.DataFrame, model_path: str, add_bos: bool, add_eos: bool, batch_docs: int,
+                   spec: Optional[kinds.TokenizerSpec] = None, bos_id: Optional[int] = None,
+                   eos_id: Optional[int] = None) -> BatchResult:
+    """Encode the `text` column into `input_ids` (list<int32>), BOS/EOS per config. `bos_id`/`eos_id`
+    are the checked ids (None: the tokenizer's own); `spec` None: a SentencePiece model."""
+    tok = _load(model_path, spec or kinds.TokenizerSpec("sentencepiece"))
+    if bos_id is None or eos_id is None:
+        own = kinds.resolve_specials(tok, {})
+        bos_id = own.bos_id if bos_id is None else bos_id
+        eos_id = own.eos_id if eos_id is None else eos_id
+    bos, eos = (bos_id if add_bos else -1), (eos_id if add_eos else -1)
     if isinstance(docs, pa.Table):
         texts, uids = docs.column("text").to_pylist(), docs.column("uid").to_numpy()
     else:
         texts, uids = docs["text"].tolist(), docs["uid"].to_numpy(dtype="int64")
-    # ids straight into int32 buffers (return_type="numpy"): no Python int per token, which cost 10-12%
-    # of the stage in creating them and again in flattening them
-    encoded: list[np.ndarray] = []
+    # ids straight into int32 buffers: no Python int per token kept, which cost 10-12% of the stage
+    # in creating them and again in flattening them
+    all_lengths, all_values = [], []
     for start in range(0, len(texts), batch_docs):
-        encoded.extend(sp.encode(texts[start : start + batch_docs], return_type="numpy", add_bos=add_bos, add_eos=add_eos))
-    lengths = np.fromiter(map(len, encoded), dtype=np.int32, count=len(encoded))
+        lengths, values = tok.encode_flat(texts[start : start + batch_docs], bos, eos)
+        all_lengths.append(lengths)
+        all_values.append(values)
+    lengths = np.concatenate(all_lengths).astype(np.int32, copy=False) if all_lengths else np.empty(0, dtype=np.int32)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    values = np.concatenate(encoded).astype(np.int32, copy=False) if encoded else np.empty(0, dtype=np.int32)
+    values = np.concatenate(all_values).astype(np.int32, copy=False) if all_values else np.empty(0, dtype=np.int32)
     lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=pa.int32()))
     table = pa.Table.from_arrays(
         [pa.array(np.asarray(uids, dtype=np.int64)), pa.array(lengths), lists],
@@ -278,3 +329,51 @@ def tokenize_batch(docs: pa.Table | pd.DataFrame, model_path: str, add_bos: bool
     )
     stats = {"docs_in": len(texts), "docs_out": len(texts), "tokens": int(values.size), "chars": int(sum(map(len, texts)))}
     return BatchResult(kept=table, stats=stats)
+
+
+HF_SPECIALS = ("<s>", "</s>", "<pad>")  # ids 0, 1, 2 of a trained tokenizer.json; user symbols follow
+
+
+def train_hf_tokenizer(sample_file: Path, out_file: Path, *, vocab_size: int, seed: int,
+                       user_symbols: tuple = ()) -> str:
+    """Train a byte-level BPE Hugging Face `tokenizer.json` (as Qwen/DeepSeek/GPT-2 use) on the same
+    seeded sample the SentencePiece trainer reads; returns its path and writes `tokenizer_config.json`
+    beside it naming bos/eos/pad.
+
+    Ids: <s> 0, </s> 1, <pad> 2, then `user_symbols`, the 256 bytes and the merges (fewer than asked when
+    the sample holds fewer pairs seen twice). Byte-level BPE
+    covers every byte, so there is no <unk> and encode->decode round-trips. No normaliser (the
+    pipeline already normalised). The sample is cut to TRAINER_LINES lines with `seed` as for
+    SentencePiece; the trainer itself is deterministic (one thread: TOKENIZERS_PARALLELISM=false), so
+    the same sample and seed give a byte-identical file.
+    """
+    from tokenizers import Tokenizer as HF, decoders, models, pre_tokenizers, trainers
+
+    train_file = _seeded_cut(Path(sample_file), TRAINER_LINES, seed)
+    try:
+        tok = HF(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.decoder = decoders.ByteLevel()
+        specials = list(dict.fromkeys([*HF_SPECIALS, *user_symbols]))
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                      special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        with open(train_file, encoding="utf-8") as f:
+            tok.train_from_iterator((line.rstrip("\n") + "\n" for line in f), trainer=trainer)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exception
+        raise TokenizerError(f"tokenizer.json training failed: {str(e)[:300]}") from None
+    finally:
+        if train_file != Path(sample_file):
+            train_file.unlink(missing_ok=True)
+    out_file = Path(out_file)
+    write_text_atomic(out_file, tok.to_str(pretty=False))
+    write_text_atomic(out_file.with_name("tokenizer_config.json"), json_dumps(
+        {"bos_token": HF_SPECIALS[0], "eos_token": HF_SPECIALS[1], "pad_token": HF_SPECIALS[2],
+         "added_tokens": list(user_symbols), "model_max_length": 1 << 20, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    return str(out_file)
+
+
+def json_dumps(obj: object) -> str:
+    """Stable JSON text for the files written beside a tokenizer."""
+    import json
+
+    return json.dumps(obj, ensure_ascii=False, indent=1, sort_keys=True) + "\n"

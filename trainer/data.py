@@ -22,11 +22,17 @@ def load_manifest(shards_dir: str) -> dict[str, Any]:
 VERIFY_HINT = "; `corpusmill shards verify {dir}` lists every problem"
 
 
-def check_shards(shards_dir: str, verify: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+def check_shards(shards_dir: str, verify: bool = True, log: Callable[[str], None] = print,
+                 need_mindrecord: bool = True) -> dict[str, Any]:
     """What training checks before it starts: the manifest and the layout always; with `verify`, also
     the size and sha256 of every file, the tokenizer against the manifest, each file's header and
-    index, and the first sample's length. One ShardMismatch line for whatever does not check out."""
+    index, and the first sample's length. One ShardMismatch line for whatever does not check out.
+    Shards of Megatron pairs only (shard.format megatron) are refused unless `need_mindrecord` is off."""
     manifest = load_manifest(shards_dir)
+    if not manifest["files"] and need_mindrecord:
+        raise ShardMismatch(f"shards in {shards_dir} hold Megatron .bin/.idx pairs only: training here reads MindRecord "
+                            "(write them with shard.format mindrecord or both; the pairs are for mindformers' "
+                            "BlendedMegatronDatasetDataLoader)")
     if not verify:
         log("train: --no-verify: shard checksums, tokenizer and indexes not checked")
         return manifest
@@ -36,6 +42,8 @@ def check_shards(shards_dir: str, verify: bool = True, log: Callable[[str], None
         raise ShardMismatch(mf.summary_line(shards_dir, problems) + VERIFY_HINT.format(dir=shards_dir)
                             + " (--no-verify trains anyway)")
     seconds = time.perf_counter() - started
+    if not manifest["files"]:
+        return manifest
     first = manifest["files"][0]
     length = _first_sample_length(os.path.join(shards_dir, first["path"]))
     if length != manifest["sample_length"]:

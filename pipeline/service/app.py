@@ -205,8 +205,9 @@ def prepare_job(req: JobRequest, roots: DataRoots, job_id: str) -> tuple[dict, l
             config["input"]["paths"] = [roots.resolve("config.input.paths", p) for p in cfg.input.paths]
         if cfg.tokenizer.model:
             config["tokenizer"]["model"] = model = roots.resolve("config.tokenizer.model", cfg.tokenizer.model)
-            if req.kind == "run" and not os.path.isfile(model):
-                raise _error(422, f"config.tokenizer.model: {cfg.tokenizer.model} is not a file", ["config.tokenizer.model"])
+            if req.kind == "run" and not (os.path.isfile(model) or os.path.isfile(os.path.join(model, "tokenizer.json"))):
+                raise _error(422, f"config.tokenizer.model: {cfg.tokenizer.model} is not a file (nor a folder holding "
+                             "tokenizer.json)", ["config.tokenizer.model"])
         shards = None
         if req.kind == "train":
             if not req.shards:

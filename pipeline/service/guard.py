@@ -27,13 +27,15 @@ from .safefs import find_link
 # cannot slip past the guard.
 PATH_FIELDS: dict[tuple[str, ...], str] = {
     ("input", "paths"): "inputs",
-    ("tokenizer", "model"): "file",
+    ("tokenizer", "model"): "file",  # or a Hugging Face folder holding tokenizer.json
 }
 NOT_PATHS: set[tuple[str, ...]] = {
     ("input", "text_field"), ("input", "id_field"), ("input", "source_field"), ("input", "on_error"),
     ("dedup", "keep"), ("dedup", "keep_field"), ("dedup", "keep_order"), ("dedup", "shingling", "unit"),
     ("dedup", "simhash", "unit"),
-    ("tokenizer", "train", "model_type"), ("tokenizer", "train", "user_symbols"),
+    ("tokenizer", "train", "model_type"), ("tokenizer", "train", "user_symbols"), ("tokenizer", "kind"),
+    ("tokenizer", "bos_token"), ("tokenizer", "eos_token"), ("tokenizer", "pad_token"), ("tokenizer", "tiktoken_pattern"),
+    ("tokenizer", "tiktoken_special_tokens"), ("shard", "format"),
     ("filter", "scripts", "keep"),
     ("pack", "mode"), ("pack", "remainder"),
     ("shard", "layout"), ("shard", "remainder"), ("shard", "verify"),

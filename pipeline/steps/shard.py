@@ -8,10 +8,11 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Optional
 
 from dask import delayed
 
-from corpusmill.stages import manifest, shard
+from corpusmill.stages import manifest, megatron, pack, shard
 from corpusmill.stages.base import write_json_atomic, write_text_atomic
 
 from .. import __version__
@@ -20,16 +21,55 @@ from ..rundir import SHARDS_STAGING
 from ..step import PipelineError, Step, StepContext, StepResult
 
 
+MEGATRON_DIR = "megatron"  # the .bin/.idx pairs' folder inside shards/
+MEGATRON_YAML = "mindformers_megatron_train_dataset.yaml"
+_NO_SAMPLES = shard.ShardPlan(0, 1, 1, 0, 0, 0, [0])  # shard.format megatron: no MindRecord sample
+
+
+def _formats(fmt: str) -> list[str]:
+    return ["mindrecord", "megatron"] if fmt == "both" else [fmt]
+
+
 class ShardStep(Step):
     name = "shard"
     config_sections = ("shard",)
     counters = ("samples", "files", "samples_per_rank", "dropped_samples", "bytes", "tokens")
 
     def summary(self, s: dict) -> str:
-        return (f"{s['samples']} samples in {s['files']} files ({s['samples_per_rank']} per rank, "
-                f"{s['dropped_samples']} dropped), {s['bytes'] / 1e6:.1f} MB")
+        mega = (f"; {s['megatron_documents']} documents, {s['megatron_tokens']} tokens in {s['megatron_pairs']} Megatron "
+                f".bin/.idx pair(s)") if "megatron_pairs" in s else ""
+        return (f"{s['samples']} samples in {s['files']} MindRecord files ({s['samples_per_rank']} per rank, "
+                f"{s['dropped_samples']} dropped){mega}, {s['bytes'] / 1e6:.1f} MB")
 
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
+        sc = ctx.cfg.shard
+        staging = ctx.rundir.file(SHARDS_STAGING)
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+        try:
+            if sc.format == "megatron":
+                stats, files, plan, labels = {"windows_in": 0, "files": 0, "layout": sc.layout}, [], _NO_SAMPLES, False
+            else:
+                stats, files, plan, labels = self._write_mindrecord(ctx, staging)
+            pairs = self._write_megatron(ctx, staging) if sc.format != "mindrecord" else None
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # half-written files are never resumed
+            raise
+        doc = self._publish(ctx, folder, staging, files, plan, labels, pairs)
+        stats.update(samples=plan.used, samples_per_rank=plan.per_rank, dropped_samples=plan.dropped,
+                     repeated_samples=plan.repeated, tokens=doc["total_tokens"], bytes=sum(x["bytes"] for x in files))
+        if pairs is not None:
+            stats.update(megatron_pairs=len(pairs), megatron_documents=sum(p["documents"] for p in pairs),
+                         megatron_tokens=sum(p["tokens"] for p in pairs), megatron_dtype=pairs[0]["dtype"],
+                         megatron_bytes=sum(p["bin_bytes"] + p["idx_bytes"] for p in pairs))
+            stats["bytes"] += stats["megatron_bytes"]
+            if sc.format == "megatron":
+                stats["tokens"] = stats["megatron_tokens"]
+        return StepResult(stats)
+
+    def _write_mindrecord(self, ctx: StepContext, staging: Path) -> tuple[dict, list[dict], shard.ShardPlan, bool]:
+        """The packed windows shuffled into per-rank (or global) MindRecord files in `staging`."""
         sc, window = ctx.cfg.shard, ctx.cfg.pack.seq_length + 1
         labels = ctx.cfg.pack.mode != "concat"  # windows that can hold padding carry masked labels
         parts = ctx.parts(self.reads)
@@ -39,10 +79,6 @@ class ShardStep(Step):
             plan = shard.plan_shards(total, sc.ranks, sc.files_per_rank, sc.remainder)
         except shard.ShardError as e:
             raise PipelineError(str(e)) from None
-        staging = ctx.rundir.file(SHARDS_STAGING)
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir()
         names = [shard.file_name(sc.layout, *plan.file_of(i), sc.files_per_rank, sc.ranks) for i in range(plan.files)]
         tasks = [delayed(shard.gather_and_write)(parts, counts, sc.seed, plan.file_bounds[i], plan.file_bounds[i + 1],
                                                  plan.used, str(staging / name), window, sc.write_batch, labels, sc.verify,
@@ -53,49 +89,72 @@ class ShardStep(Step):
                 f"{plan.files} MindRecord files, layout {sc.layout}")
         setup_s = self._warm_up_writers(ctx)
         started = time.perf_counter()
-        try:
-            written = ctx.run(tasks, f"shard: shuffle + write + {sc.verify} check")
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)  # half-written MindRecord files are never resumed
-            raise
+        written = ctx.run(tasks, f"shard: shuffle + write + {sc.verify} check")
         write_s = time.perf_counter() - started
         task_seconds = sum(w.pop("task_seconds") for w in written)
         files = [{"path": name, "rank": plan.file_of(i)[0] if sc.layout == "per_rank" else None, **w}
                  for i, (name, w) in enumerate(zip(names, written))]
         self._check_balance(files, plan, sc)
-        doc = self._publish(ctx, folder, staging, files, plan, labels)
-        return StepResult({
+        return {
             "windows_in": total,
-            "samples": plan.used,
-            "samples_per_rank": plan.per_rank,
-            "dropped_samples": plan.dropped,
-            "repeated_samples": plan.repeated,
             "files": plan.files,
             "layout": sc.layout,
             "writer_setup_s": round(setup_s, 3),
             "task_seconds": task_seconds,
             "payload_bytes_per_sample": window * 4 * (2 if labels else 1),
             "write_s": round(write_s, 3),
-            "tokens": doc["total_tokens"],
-            "bytes": sum(x["bytes"] for x in files),
-        })
+        }, files, plan, labels
+
+    def _write_megatron(self, ctx: StepContext, staging: Path) -> list[dict]:
+        """One Megatron `.bin/.idx` pair per rank under `staging/megatron/`: the tokenized documents,
+        whole, in the pack step's seeded order, cut into ranks of about equal tokens."""
+        sc, tok = ctx.cfg.shard, ctx.output("tokenize", "tokenizer")
+        parts = ctx.parts("tokenize")
+        index = ctx.run([delayed(pack.document_index)(p, ctx.cfg.pack.seed) for p in parts], "shard: megatron order")
+        order = pack.document_order(index)
+        del index
+        (staging / MEGATRON_DIR).mkdir()
+        prefixes = [f"{MEGATRON_DIR}/corpus-r{r:04d}" for r in range(sc.ranks)]
+        bounds = megatron.rank_bounds(order.length, sc.ranks)
+        dtype = megatron.best_dtype(tok.vocab_size)
+        ctx.log(f"  shard: {len(order.length)} documents -> {sc.ranks} Megatron .bin/.idx pair(s) ({dtype.name} ids, "
+                "whole documents ending with EOS)")
+        tasks = [delayed(megatron.write_pair)(parts, megatron.PairPlan(order.part[a:b], order.row[a:b], order.length[a:b]),
+                                              str(staging / prefix), tok.vocab_size, tok.eos_id,
+                                              dask_key_name=f"megatron-write-{r}")
+                 for r, (prefix, (a, b)) in enumerate(zip(prefixes, bounds))]
+        try:
+            written = ctx.run(tasks, "shard: megatron .bin/.idx")
+        except ValueError as e:
+            raise PipelineError(f"megatron: {e}") from None
+        return [{"prefix": prefix, "rank": r, **w} for r, (prefix, w) in enumerate(zip(prefixes, written))]
 
     def _publish(self, ctx: StepContext, folder: Path, staging: Path, files: list[dict], plan: shard.ShardPlan,
-                 labels: bool) -> dict:
+                 labels: bool, pairs: Optional[list[dict]] = None) -> dict:
         """The tokenizer, the manifest and the mindformers snippet beside the written files, then
         `shards.tmp/` renamed to `shards/` (the folder, never a MindRecord file). Returns the manifest."""
         sc, window = ctx.cfg.shard, ctx.cfg.pack.seq_length + 1
         tok = ctx.output("tokenize", "tokenizer")
-        shutil.copyfile(tok.path, staging / "tokenizer.model")
+        tokenizer_file = Path(tok.path).name  # tokenizer.model, tokenizer.json, tokenizer.tekken.json, tokenizer.tiktoken
+        shutil.copyfile(tok.path, staging / tokenizer_file)
+        beside = Path(tok.path).with_name("tokenizer_config.json")
+        if tok.kind == "hf" and beside.is_file():
+            shutil.copyfile(beside, staging / beside.name)
         doc = manifest.build(
             version=__version__, config_hash=ctx.link(self.name), created_utc=utc_now(), seq_length=ctx.cfg.pack.seq_length,
             tokenizer=tok.__dict__, add_bos=ctx.cfg.tokenizer.add_bos, add_eos=ctx.cfg.tokenizer.add_eos, labels=labels,
             pack_mode=ctx.cfg.pack.mode, layout=sc.layout, ranks=sc.ranks, files_per_rank=sc.files_per_rank,
             samples_per_rank=plan.per_rank, total_samples=plan.used, dropped=plan.dropped, repeated=plan.repeated,
-            remainder=sc.remainder, shuffle_seed=sc.seed, files=files)
-        write_text_atomic(staging / "mindformers_train_dataset.yaml", shard.mindformers_snippet(
-            str(folder.resolve()), sc.layout, window, ["input_ids", "labels"] if labels else ["input_ids"],
-            tok.eos_id if ctx.cfg.pack.mode != "pad" and ctx.cfg.tokenizer.add_eos else None))
+            remainder=sc.remainder, shuffle_seed=sc.seed, files=files, tokenizer_file=tokenizer_file,
+            megatron=None if pairs is None else {"dtype": pairs[0]["dtype"], "pairs": pairs}, formats=_formats(sc.format))
+        if files:
+            write_text_atomic(staging / "mindformers_train_dataset.yaml", shard.mindformers_snippet(
+                str(folder.resolve()), sc.layout, window, ["input_ids", "labels"] if labels else ["input_ids"],
+                tok.eos_id if ctx.cfg.pack.mode != "pad" and ctx.cfg.tokenizer.add_eos else None))
+        if pairs is not None:
+            write_text_atomic(staging / MEGATRON_YAML, megatron.mindformers_snippet(
+                str(folder.resolve()), [p for p in pairs if p["tokens"]], ctx.cfg.pack.seq_length, tok.eos_id, tok.pad_id,
+                ctx.cfg.pack.seed))
         write_json_atomic(staging / manifest.MANIFEST_NAME, doc)
         if folder.exists():
             shutil.rmtree(folder)

@@ -1,8 +1,8 @@
-"""tokenize and pack: documents -> token ids (a given SentencePiece model, or one trained on a
-sample of this corpus, checked before use) -> fixed-length windows."""
+"""tokenize and pack: documents -> token ids (a given tokenizer of any kind -- SentencePiece, Hugging
+Face tokenizer.json, tiktoken/tekken -- or one trained on a sample of this corpus, checked before
+use) -> fixed-length windows."""
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import time
@@ -14,6 +14,7 @@ import numpy as np
 from dask import delayed
 
 from corpusmill.stages import pack, tokenize
+from corpusmill.stages import tokenizer_kinds as kinds
 from corpusmill.stages.base import merge_stats, write_table_atomic
 
 from ..config import Config
@@ -22,7 +23,35 @@ from ..step import PipelineError, Step, StepContext, StepResult
 
 TOKENIZE_SLICE_MB = 2  # tokenizing is the slowest step: slices this size keep every worker busy to the end
 CHECK_SAMPLE_DOCS = 200  # documents the tokenizer checks (unknown-token rate, round trip) look at
-MODEL_FILE = "tokenizer.model"
+MODEL_FILE = "tokenizer.model"  # the SentencePiece file's name in the step folder and beside the shards
+HF_CONFIG_FILE = "tokenizer_config.json"
+
+
+def model_file_name(kind: str, source: Optional[str] = None) -> str:
+    """The tokenizer's file name in the run: tokenizer.model, tokenizer.json, tokenizer.tekken.json or
+    tokenizer.tiktoken (a tekken .json and a plain ranks file load differently)."""
+    if kind == "hf":
+        return "tokenizer.json"
+    if kind == "tiktoken":
+        return "tokenizer.tekken.json" if source and kinds._is_json(source) else "tokenizer.tiktoken"
+    return MODEL_FILE
+
+
+def tokenizer_kind(tc: Any) -> str:
+    """The configured kind, or the given file's detected kind, or sentencepiece (trained)."""
+    if tc.kind:
+        return tc.kind
+    if tc.model:
+        try:
+            return kinds.detect_kind(tc.model)
+        except (kinds.TokenizerFormatError, OSError) as e:
+            raise PipelineError(f"tokenizer.model: {e}") from None
+    return "sentencepiece"
+
+
+def given_tokens(tc: Any) -> dict:
+    """The special tokens the config names by string."""
+    return {"bos": tc.bos_token, "eos": tc.eos_token, "pad": tc.pad_token}
 
 
 @dataclass
@@ -70,16 +99,23 @@ class TokenizeStep(Step):
         kept_docs = ctx.stats(self.reads)["docs_out"]
         if kept_docs == 0:
             raise PipelineError("no documents are left to tokenize: every input was filtered, removed or quarantined")
+        if tc.model and not os.path.exists(tc.model):
+            raise PipelineError(f"tokenizer.model {tc.model} does not exist")
+        kind = tokenizer_kind(tc)
         sample = self._sample(ctx, kept_docs)
-        model_path = folder / MODEL_FILE
-        origin = self._model(ctx, folder, model_path, sample)
-        info = self._check(ctx, model_path, sample, origin)
+        try:
+            model_path = folder / model_file_name(kind, kinds.resolve_file(tc.model) if tc.model else None)
+        except (kinds.TokenizerFormatError, OSError) as e:
+            raise PipelineError(f"tokenizer.model: {e}") from None
+        origin = self._model(ctx, folder, model_path, sample, kind)
+        info = self._check(ctx, model_path, sample, origin, kind)
         prepared = time.perf_counter()
         stats, _ = ctx.map_parts(self.reads, folder, tokenize.tokenize_batch,
                                  {"model_path": str(model_path), "add_bos": tc.add_bos, "add_eos": tc.add_eos,
-                                  "batch_docs": tc.batch_docs}, reader="arrow", split_mb=TOKENIZE_SLICE_MB,
-                                 suffix=".arrow", columns=["uid", "text"],  # a resumed try keeps parts of this model only
-                                 fingerprint=hashlib.sha256(model_path.read_bytes()).hexdigest())  # uncompressed Arrow IPC: 3x faster to write than zstd Parquet
+                                  "batch_docs": tc.batch_docs, "spec": info.spec(), "bos_id": info.bos_id,
+                                  "eos_id": info.eos_id}, reader="arrow", split_mb=TOKENIZE_SLICE_MB,
+                                 suffix=".arrow", columns=["uid", "text"],  # uncompressed Arrow IPC: 3x faster to write than zstd Parquet
+                                 fingerprint=info.sha256)  # a resumed try keeps the parts of this tokenizer file only
         stats["prepare_s"] = round(prepared - started, 3)  # sample, train or copy the model, checks
         stats["encode_s"] = round(time.perf_counter() - prepared, 3)
         return StepResult(stats, {"tokenizer": info})
@@ -90,30 +126,40 @@ class TokenizeStep(Step):
         samples = ctx.run([delayed(sample_part)(*args) for args in plan], "tokenize: sample")
         return [t for chunk in samples for t in chunk]
 
-    def _model(self, ctx: StepContext, folder: Path, model_path: Path, sample: list[str]) -> str:
-        """The model file in the step's folder: the given one copied, or one trained on `sample`."""
+    def _model(self, ctx: StepContext, folder: Path, model_path: Path, sample: list[str], kind: str) -> str:
+        """The model file in the step's folder: the given one copied (a Hugging Face folder: its
+        tokenizer.json and tokenizer_config.json), or one trained on `sample`."""
         tc = ctx.cfg.tokenizer
         if tc.model:
-            if not os.path.isfile(tc.model):
+            source = kinds.resolve_file(tc.model)
+            if not os.path.isfile(source):
                 raise PipelineError(f"tokenizer.model {tc.model} does not exist")
-            shutil.copyfile(tc.model, model_path)
+            shutil.copyfile(source, model_path)
+            beside = Path(source).with_name(HF_CONFIG_FILE)
+            if kind == "hf" and beside.is_file():
+                shutil.copyfile(beside, folder / HF_CONFIG_FILE)
             return f"given ({tc.model})"
         sample_file = folder / "tokenizer_sample.txt"
         lines = tokenize.write_training_sample(sample, sample_file)
-        ctx.log(f"  tokenize: training a {tc.train.model_type} tokenizer (vocab {tc.train.vocab_size}) "
+        what = "byte-level BPE tokenizer.json" if kind == "hf" else f"{tc.train.model_type} tokenizer"
+        ctx.log(f"  tokenize: training a {what} (vocab {tc.train.vocab_size}) "
                 f"on {len(sample)} sampled documents ({lines} lines)")
         try:
-            tokenize.train_tokenizer(
-                sample_file, folder / "tokenizer", vocab_size=tc.train.vocab_size, model_type=tc.train.model_type,
-                character_coverage=tc.train.character_coverage, byte_fallback=tc.train.byte_fallback,
-                seed=tc.train.seed, num_threads=os.cpu_count() or 1, user_symbols=tuple(tc.train.user_symbols),
-            )
+            if kind == "hf":
+                tokenize.train_hf_tokenizer(sample_file, model_path, vocab_size=tc.train.vocab_size, seed=tc.train.seed,
+                                            user_symbols=tuple(tc.train.user_symbols))
+            else:
+                tokenize.train_tokenizer(
+                    sample_file, folder / "tokenizer", vocab_size=tc.train.vocab_size, model_type=tc.train.model_type,
+                    character_coverage=tc.train.character_coverage, byte_fallback=tc.train.byte_fallback,
+                    seed=tc.train.seed, num_threads=os.cpu_count() or 1, user_symbols=tuple(tc.train.user_symbols),
+                )
         except tokenize.TokenizerError as e:
             raise PipelineError(str(e)) from None
         sample_file.unlink()
         return "trained on this corpus"
 
-    def _check(self, ctx: StepContext, model_path: Path, sample: list[str], origin: str) -> TokenizerInfo:
+    def _check(self, ctx: StepContext, model_path: Path, sample: list[str], origin: str, kind: str) -> TokenizerInfo:
         """Special ids, pad choice, vocabulary vs the model, unknown-token rate and round trip on a
         seeded subsample; an error stops the run before any document is encoded."""
         tc = ctx.cfg.tokenizer
@@ -121,7 +167,8 @@ class TokenizeStep(Step):
             report = tokenize.check_tokenizer(
                 str(model_path), add_bos=tc.add_bos, add_eos=tc.add_eos, pad_id=tc.pad_id,
                 model_vocab_size=ctx.cfg.train.model.vocab_size, sample_texts=check_sample(sample, tc.train.seed),
-                max_unk_rate=tc.max_unk_rate,
+                max_unk_rate=tc.max_unk_rate, spec=tokenize.spec_of(kind, tc.tiktoken_pattern, tc.tiktoken_special_tokens),
+                tokens=given_tokens(tc),
             )
         except tokenize.TokenizerError as e:
             raise PipelineError(str(e)) from None
