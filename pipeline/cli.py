@@ -500,9 +500,17 @@ def _cmd_demo(args) -> int:
     near, near_both = _planted_pairs_found(out / "04-near_dedup", planted["near_duplicates"], "near", filtered)
     _log(f"demo check: planted exact-duplicate pairs: {found} resolved by exact dedup + {both} with both copies "
          f"filtered first = {found + both} / {c['exact_duplicates']}; planted near-duplicate pairs: {near} resolved by "
-         f"near dedup + {near_both} both filtered = {near + near_both} / {c['near_duplicates']} (a copy whose edit leaves "
-         f"it under the threshold stays); quarantined {result.ledger['quarantined']} / planted malformed {c['malformed']}")
+         f"near dedup + {near_both} both filtered = {near + near_both} / {c['near_duplicates']}{_planted_span(planted, cfg)}; "
+         f"quarantined {result.ledger['quarantined']} / planted malformed {c['malformed']}")
     return 0
+
+
+def _planted_span(planted: dict, cfg) -> str:
+    """The planted near copies' true character 5-gram Jaccard range beside the threshold they must clear."""
+    js = [p["jaccard"] for p in planted["near_duplicates"] if "jaccard" in p]
+    if not js:
+        return ""
+    return f" (true Jaccard {min(js):.2f}-{max(js):.2f}, threshold {cfg.dedup.minhash.threshold})"
 
 
 def _removed_ids(stage_dir: Path) -> set:

@@ -5,8 +5,9 @@ punctuation and symbols when asked), whatever the script; with unit "word", word
 text and characters for CJK text (chosen per document by its share of CJK characters). Lowercasing
 first, when asked. A component's hash is xxh3-64 of its UTF-8 bytes (computed once per distinct component in a
 batch); an n-gram's hash folds its components' hashes polynomially and finishes with the
-MurmurHash3 64-bit finaliser. All of it runs as numpy/Arrow array operations over a whole batch:
-Python-side shingle strings (about 15 MB/s per core) are never built.
+MurmurHash3 64-bit finaliser. Words are split and hashed as Arrow/numpy operations over a whole
+batch; characters are decoded from the UTF-8 buffer and the n-grams rolled along each document by
+the compiled loops in `sketch`: Python-side shingle strings (about 15 MB/s per core) are never built.
 
 `shingle_strings` and `shingle_hash64` are the slow, obviously-correct reference of the same
 definition: the shingle string joins its components with a space, and `shingle_hash64(bytes)`
@@ -21,6 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
+
+from . import sketch
 
 CJK = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}"
 PUNCT = r"[\p{P}\p{S}]+"
@@ -152,6 +155,39 @@ def shingle_strings(text: str, spec: ShingleSpec = ShingleSpec()) -> list[str]:
     return [" ".join(comps[i : i + n]) for i in range(len(comps) - n + 1)]
 
 
+_LUT = np.zeros(0x110000, dtype=np.uint64)  # xxh3-64 of each code point's UTF-8, filled as code points are met
+_KNOWN = np.zeros(0x110000, dtype=np.uint8)  # 1: hashed into _LUT
+_DROP: dict[bool, np.ndarray] = {}  # uint8 tables (the compiled loop reads them per character)
+
+
+def _drop_table(strip_punctuation: bool) -> np.ndarray:
+    """drop[c]: code point c is not a character component (whitespace, and punctuation when asked)."""
+    if strip_punctuation not in _DROP:
+        _DROP[strip_punctuation] = (_IS_SPACE | _is_punct_table() if strip_punctuation else _IS_SPACE).astype(np.uint8)
+    return _DROP[strip_punctuation]
+
+
+def utf8_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(UTF-8 bytes, int64 offsets) of a string array, without copying the text."""
+    texts = texts.cast(pa.string())
+    bufs = texts.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int32, count=len(texts) + 1, offset=4 * texts.offset).astype(np.int64)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
+    return data, offsets
+
+
+def char_points(texts: pa.Array, strip_punctuation: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(code points, per-document starts) of the character components (whitespace and, when asked,
+    punctuation dropped); every code point met is hashed into the process's table once."""
+    data, offsets = utf8_buffers(texts)
+    points, starts, n_new = sketch.utf8_points(data, offsets, _drop_table(strip_punctuation), _KNOWN)
+    if n_new:
+        new = np.flatnonzero(_KNOWN == 2)
+        _LUT[new] = np.fromiter((xxhash.xxh3_64_intdigest(chr(c).encode("utf-8")) for c in new.tolist()), np.uint64, len(new))
+        _KNOWN[new] = 1
+    return points, starts
+
+
 def _component_hashes(texts: pa.Array, cjk: np.ndarray, spec: ShingleSpec, with_lengths: bool = False):
     """Flat uint64 component hashes of all documents and the per-document component counts (and,
     `with_lengths`, each component's length in characters)."""
@@ -172,22 +208,14 @@ def _component_hashes(texts: pa.Array, cjk: np.ndarray, spec: ShingleSpec, with_
             lengths_of.append(pc.utf8_length(flat).to_numpy(zero_copy_only=False).astype(np.float64))
     cjk_idx = np.flatnonzero(cjk)
     if len(cjk_idx):
-        docs = texts.take(pa.array(cjk_idx)).to_pylist()
-        points = np.frombuffer("".join(docs).encode("utf-32-le"), dtype=np.uint32)
-        doc_of = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
-        keep = ~_IS_SPACE[points]
-        if spec.strip_punctuation:
-            keep &= ~_is_punct_table()[points]
-        points, doc_of = points[keep], doc_of[keep]
-        present = np.zeros(0x110000, dtype=bool)  # a dense table over all code points: no sort
-        present[points] = True
-        lut = np.zeros(0x110000, dtype=np.uint64)
-        for c in np.flatnonzero(present).tolist():
-            lut[c] = xxhash.xxh3_64_intdigest(chr(c).encode("utf-8"))
-        counts[cjk_idx] = np.bincount(doc_of, minlength=len(docs))
-        parts.append((cjk_idx, lut[points]))
+        sub = texts if len(cjk_idx) == n else texts.take(pa.array(cjk_idx))
+        points, doc_starts = char_points(sub, spec.strip_punctuation)
+        counts[cjk_idx] = np.diff(doc_starts)
+        parts.append((cjk_idx, sketch.lookup(points, _LUT)))
         if with_lengths:
             lengths_of.append(np.ones(len(points), dtype=np.float64))
+    if len(parts) == 1 and len(parts[0][0]) == n and not with_lengths:  # one group holding every document, in order
+        return parts[0][1], counts
     # interleave the two groups back into document order
     starts = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
@@ -217,46 +245,7 @@ def shingle_hashes(texts: pa.Array, spec: ShingleSpec = ShingleSpec()) -> tuple[
     n_of = np.where(cjk, spec.char_ngram, spec.word_ngram).astype(np.int64)
     starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
-    # shingles per document: counts - n + 1, or 1 for a non-empty document shorter than n
-    n_sh = np.where(counts >= n_of, counts - n_of + 1, (counts > 0).astype(np.int64))
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(n_sh, out=offsets[1:])
-    out = np.empty(offsets[-1], dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for n in np.unique(n_of):
-            full = np.flatnonzero((n_of == n) & (counts >= n))
-            if len(full):
-                # fold[i] = sum_j comp[i + j] * P^(n-1-j) over every window start i (wrapping mod 2^64)
-                fold = np.zeros(max(len(comp) - n + 1, 0), dtype=np.uint64)
-                for j in range(n):
-                    fold = fold * FOLD_PRIME + comp[j : len(comp) - n + 1 + j]
-                k = n_sh[full]
-                src = np.repeat(starts[full], k) + _ranges(k)
-                dst = np.repeat(offsets[full], k) + _ranges(k)
-                out[dst] = fold[src]
-        short = np.flatnonzero((counts < n_of) & (counts > 0))
-        for i in short:  # whole document as one shingle (rare: shorter than one n-gram)
-            s = np.uint64(0)
-            for h in comp[starts[i] : starts[i + 1]]:
-                s = s * FOLD_PRIME + h
-            out[offsets[i]] = s
-        out = fmix64(out)
-    return out, offsets
-
-
-def doc_chunks(offsets: np.ndarray, max_shingles: int):
-    """Runs of consecutive non-empty documents whose shingles fit `max_shingles` (at least one
-    document each): yields (document indices, first shingle, end shingle)."""
-    nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
-    i = 0
-    while i < len(nonempty):
-        start = offsets[nonempty[i]]
-        j = i + 1
-        while j < len(nonempty) and offsets[nonempty[j] + 1] - start <= max_shingles:
-            j += 1
-        docs = nonempty[i:j]
-        yield docs, start, offsets[docs[-1] + 1]
-        i = j
+    return sketch.fold_ngrams(comp, starts, n_of)
 
 
 def _ranges(counts: np.ndarray) -> np.ndarray:

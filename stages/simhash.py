@@ -2,7 +2,7 @@
 
 A fingerprint's bit i is set when more than half of the document's features (shingles, counted
 with repeats) have bit i set in their 64-bit hash: exactly `simhash.Simhash(features,
-hashfunc=shingle_hash64).value`. Here it is a bit-count over a (features x 64) bit matrix per batch.
+hashfunc=shingle_hash64).value`. Here it is a compiled bit count per document (`sketch.simhash`).
 
 Near pairs (Hamming distance <= k) are found by cutting the 64 bits into k + 1 blocks: two
 fingerprints within distance k agree exactly on at least one block, so each (block, value) bucket
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .shingles import doc_chunks
+from . import sketch
 
 BLOCK_META = pd.DataFrame({"block_key": pd.Series(dtype="int64"), "uid": pd.Series(dtype="int64"),
                            "fingerprint": pd.Series(dtype="int64")})
@@ -23,18 +23,9 @@ EDGE_META = pd.DataFrame({"a": pd.Series(dtype="int64"), "b": pd.Series(dtype="i
                           "distance": pd.Series(dtype="int64")})
 
 
-def fingerprints(hashes64: np.ndarray, offsets: np.ndarray, chunk: int = 1 << 18) -> np.ndarray:
+def fingerprints(hashes64: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """uint64 SimHash of each document from its flat feature hashes (0 for a document without features)."""
-    n_docs = len(offsets) - 1
-    out = np.zeros(n_docs, dtype=np.uint64)
-    counts = np.diff(offsets)
-    weights = (1 << np.arange(63, -1, -1, dtype=np.uint64)).astype(np.uint64)
-    for docs, start, end in doc_chunks(offsets, chunk):
-        bits = np.unpackbits(hashes64[start:end].astype(">u8").view(np.uint8).reshape(-1, 8), axis=1)  # MSB first
-        sums = np.add.reduceat(bits.astype(np.int32), offsets[docs] - start, axis=0)
-        on = (2 * sums > counts[docs][:, None]).astype(np.uint64)
-        out[docs] = (on * weights).sum(axis=1, dtype=np.uint64)
-    return out
+    return sketch.simhash(np.ascontiguousarray(hashes64, dtype=np.uint64), np.asarray(offsets, dtype=np.int64))
 
 
 def block_masks(max_distance: int) -> list[tuple[int, int]]:
