@@ -29,6 +29,7 @@ class SignatureSpec:
     num_perm: int
     seed: int
     simhash: Optional[ShingleSpec]  # None: SimHash disabled
+    verify: Optional[ShingleSpec] = None  # the space of the Jaccard threshold (exact checks of either method)
     keep_field: Optional[str] = None
     normalize: Optional[dict] = None  # normalise before shingling (when the stored text is the original)
 
