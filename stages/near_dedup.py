@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from . import minhash, simhash
 from .base import REMOVED_META, write_table_atomic
 from .normalize import normalize_array
-from .shingles import ShingleSpec, shingle_hashes
+from .shingles import ShingleSpec, same_components, shingle_hashes, shingle_hashes_multi
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,20 @@ def signature_part(in_path: str, out_path: str, spec: SignatureSpec) -> dict:
     if spec.keep_field:  # the step stops when no document has the field, and says how many lack it
         stats["keep_field_missing"] = cols["keep_key"].null_count
     sigs, n_sh, fps, n_feat = [], [], [], []
+    shared = spec.minhash is not None and spec.simhash is not None and same_components(spec.minhash, spec.simhash)
     for piece in _slices(texts, SLICE_BYTES):  # transient arrays stay bounded whatever the part size
+        if shared:  # one decoding for both methods' n-grams
+            (hashes, offsets), (sim_hashes, sim_offsets) = shingle_hashes_multi(piece, [spec.minhash, spec.simhash])
         if spec.minhash is not None:
-            hashes, offsets = shingle_hashes(piece, spec.minhash)
+            if not shared:
+                hashes, offsets = shingle_hashes(piece, spec.minhash)
             sigs.append(minhash.signatures(hashes, offsets, spec.num_perm, spec.seed))
             n_sh.append(np.diff(offsets))
         if spec.simhash is not None:
-            if spec.simhash != spec.minhash:
-                hashes, offsets = shingle_hashes(piece, spec.simhash)
-            fps.append(simhash.fingerprints(hashes, offsets))
-            n_feat.append(np.diff(offsets))
+            if not shared:
+                sim_hashes, sim_offsets = shingle_hashes(piece, spec.simhash)
+            fps.append(simhash.fingerprints(sim_hashes, sim_offsets))
+            n_feat.append(np.diff(sim_offsets))
     if spec.minhash is not None:
         sig = np.concatenate(sigs) if sigs else np.empty((0, spec.num_perm), np.uint32)
         width = spec.num_perm * 4

@@ -237,15 +237,27 @@ def shingle_hashes(texts: pa.Array, spec: ShingleSpec = ShingleSpec()) -> tuple[
     """(hashes, offsets): uint64 n-gram hashes of every document, flat, and offsets (n_docs + 1).
 
     Document i's shingles are hashes[offsets[i]:offsets[i+1]] (with repeats, in text order)."""
+    return shingle_hashes_multi(texts, [spec])[0]
+
+
+def same_components(a: ShingleSpec, b: ShingleSpec) -> bool:
+    """The two specs split documents into the same components (they may differ in n only)."""
+    return (a.lowercase, a.strip_punctuation, a.cjk_share, a.unit) == (b.lowercase, b.strip_punctuation, b.cjk_share, b.unit)
+
+
+def shingle_hashes_multi(texts: pa.Array, specs: list[ShingleSpec]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`shingle_hashes` for several specs that differ only in their n-gram sizes: the text is decoded
+    and its components hashed once (MinHash's 5-grams and SimHash's 3-grams in one pass)."""
+    assert all(same_components(specs[0], s) for s in specs[1:])
+    spec = specs[0]
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks()
     texts = _prepare(texts.cast(pa.string()), spec)
     cjk = cjk_mask(texts, spec)
     comp, counts = _component_hashes(texts, cjk, spec)
-    n_of = np.where(cjk, spec.char_ngram, spec.word_ngram).astype(np.int64)
     starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
-    return sketch.fold_ngrams(comp, starts, n_of)
+    return [sketch.fold_ngrams(comp, starts, np.where(cjk, s.char_ngram, s.word_ngram).astype(np.int64)) for s in specs]
 
 
 def _ranges(counts: np.ndarray) -> np.ndarray:

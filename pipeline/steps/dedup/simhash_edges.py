@@ -42,6 +42,9 @@ def simhash_edges(ctx: StepContext, sig_paths: list[str], parts: list[str], spec
     near = ctx.persist(near, "near_dedup: SimHash tables -> candidate pairs (Dask shuffles)")
     n_cand = int(near.map_partitions(len).compute().sum())
     stats["simhash_candidates"] = n_cand
+    if n_cand * 16 <= dc.components_memory_mb << 20:
+        # one partition: the texts are then joined onto it without shuffling them (as MinHash's in-memory estimate)
+        near = dd.from_pandas(near[["a", "b"]].compute().reset_index(drop=True), npartitions=1)
     verified = exact_check(ctx, near, parts, spec, dc.minhash.threshold, "simhash", n_cand, stats)
     return verified.assign(method=np.int8(METHOD))
 
