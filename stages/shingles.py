@@ -84,16 +84,32 @@ _PUNCT_TABLE = None
 
 
 def _is_punct_table() -> np.ndarray:
-    """is_punct[c]: code point c is punctuation or a symbol (Unicode categories P* and S*)."""
+    """is_punct[c]: code point c is punctuation or a symbol (Unicode categories P* and S*).
+
+    1.1M `unicodedata.category` calls take 1-5 s, paid by every process (each Dask worker), so the
+    table is kept on disk beside the compiled loops' cache, keyed by the Unicode version."""
     global _PUNCT_TABLE
     if _PUNCT_TABLE is None:
+        import os
         import unicodedata
+        from pathlib import Path
 
-        table = np.zeros(0x110000, dtype=bool)
-        for c in range(0x110000):
-            if unicodedata.category(chr(c))[0] in "PS":
-                table[c] = True
-        _PUNCT_TABLE = table
+        cache = Path(__file__).resolve().parent / "__pycache__" / f"punct-table-{unicodedata.unidata_version}.npy"
+        try:
+            _PUNCT_TABLE = np.unpackbits(np.load(cache))[:0x110000].astype(bool)
+        except (OSError, ValueError):
+            table = np.zeros(0x110000, dtype=bool)
+            for c in range(0x110000):
+                if unicodedata.category(chr(c))[0] in "PS":
+                    table[c] = True
+            _PUNCT_TABLE = table
+            try:  # a read-only install simply recomputes it per process
+                cache.parent.mkdir(exist_ok=True)
+                tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npy")
+                np.save(tmp, np.packbits(table))
+                os.replace(tmp, cache)
+            except OSError:
+                pass
     return _PUNCT_TABLE
 
 

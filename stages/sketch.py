@@ -157,3 +157,32 @@ def simhash(hashes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
                 fp |= _U(1) << _U(j)
         out[d] = fp
     return out
+
+
+@nb.njit(cache=True, nogil=True)
+def pair_jaccard(hashes_a: np.ndarray, offsets_a: np.ndarray, hashes_b: np.ndarray, offsets_b: np.ndarray) -> np.ndarray:
+    """Jaccard of the hash sets of row-aligned documents (pair i: a's document i and b's document i):
+    each side sorted, then one merge counts the distinct values of each and those in both; 1.0 when
+    both are empty."""
+    n = len(offsets_a) - 1
+    out = np.empty(n, dtype=np.float64)
+    for p in range(n):
+        x = np.sort(hashes_a[offsets_a[p]:offsets_a[p + 1]])
+        y = np.sort(hashes_b[offsets_b[p]:offsets_b[p + 1]])
+        i = j = inter = union = 0
+        while i < len(x) or j < len(y):
+            if j == len(y) or (i < len(x) and x[i] < y[j]):
+                v = x[i]
+            else:
+                v = y[j]
+            in_x = i < len(x) and x[i] == v
+            in_y = j < len(y) and y[j] == v
+            union += 1
+            if in_x and in_y:
+                inter += 1
+            while i < len(x) and x[i] == v:
+                i += 1
+            while j < len(y) and y[j] == v:
+                j += 1
+        out[p] = inter / union if union > 0 else 1.0
+    return out
