@@ -16,6 +16,7 @@ and `simhash.Simhash` to prove the fast signatures equal theirs.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,6 +175,7 @@ def shingle_strings(text: str, spec: ShingleSpec = ShingleSpec()) -> list[str]:
 _LUT = np.zeros(0x110000, dtype=np.uint64)  # xxh3-64 of each code point's UTF-8, filled as code points are met
 _KNOWN = np.zeros(0x110000, dtype=np.uint8)  # 1: hashed into _LUT
 _DROP: dict[bool, np.ndarray] = {}  # uint8 tables (the compiled loop reads them per character)
+_TABLE_LOCK = threading.Lock()
 
 
 def _drop_table(strip_punctuation: bool) -> np.ndarray:
@@ -196,11 +198,13 @@ def char_points(texts: pa.Array, strip_punctuation: bool) -> tuple[np.ndarray, n
     """(code points, per-document starts) of the character components (whitespace and, when asked,
     punctuation dropped); every code point met is hashed into the process's table once."""
     data, offsets = utf8_buffers(texts)
-    points, starts, n_new = sketch.utf8_points(data, offsets, _drop_table(strip_punctuation), _KNOWN)
-    if n_new:
-        new = np.flatnonzero(_KNOWN == 2)
-        _LUT[new] = np.fromiter((xxhash.xxh3_64_intdigest(chr(c).encode("utf-8")) for c in new.tolist()), np.uint64, len(new))
-        _KNOWN[new] = 1
+    drop = _drop_table(strip_punctuation)
+    with _TABLE_LOCK:  # threads of one worker share the table: a code point is marked and hashed under one lock
+        points, starts, n_new = sketch.utf8_points(data, offsets, drop, _KNOWN)
+        if n_new:
+            new = np.flatnonzero(_KNOWN == 2)
+            _LUT[new] = np.fromiter((xxhash.xxh3_64_intdigest(chr(c).encode("utf-8")) for c in new.tolist()), np.uint64, len(new))
+            _KNOWN[new] = 1
     return points, starts
 
 
