@@ -192,7 +192,17 @@ def build_demo_corpus(out_dir: str | Path, seed: int = 0) -> dict[str, Any]:
             copy_id = f"{orig['id']}#copy{k}"
             recs.append({"id": copy_id, "text": text, "source": orig["source"]})
             planted["exact_duplicates"].append({"id": copy_id, "duplicate_of": orig["id"]})
-        for k, orig in enumerate(rng.sample(recs[: len(recs) - n_copies], n_copies // 2)):
+        # near copies of documents none of whose lines recur elsewhere: the filter strips lines that recur
+        # in many documents of a source (the composed essays' paragraphs), which would change both texts
+        # before dedup sees them. English: the Python docs; Chinese: one-line mixes of sentences.
+        if recs is zh_rec:
+            sentences = [x + "。" for para in ZH_PARAGRAPHS for x in para.split("。") if x]
+            bases = [{"id": f"zh-mix-{k:03d}", "text": "".join(rng.sample(sentences, 10)), "source": "zh-essays"}
+                     for k in range(n_copies // 2)]
+            recs.extend(bases)
+        else:
+            bases = rng.sample([r for r in recs[: len(recs) - n_copies] if r["id"].startswith("python:")], n_copies // 2)
+        for k, orig in enumerate(bases):
             near_id = f"{orig['id']}#near{k}"
             text, j = _near_copy(orig["text"], rng, jaccard, threshold + 0.05, 0.97)
             recs.append({"id": near_id, "text": text, "source": orig["source"]})

@@ -70,7 +70,7 @@ def test_demo_runs_everything_and_prints_a_summary(demo_run):
     # near copies are planted in character space above the threshold (their true Jaccard recorded): near dedup resolves them
     near = json.loads((out / "corpus" / "PLANTED.json").read_text())["near_duplicates"]
     assert min(p["jaccard"] for p in near) >= 0.85
-    m = re.search(r"planted near-duplicate pairs: (\d+) resolved by near dedup \+ (\d+) with one copy filtered \+ (\d+) both "
+    m = re.search(r"planted near-duplicate pairs: (\d+) resolved by dedup \+ (\d+) with one copy filtered \+ (\d+) both "
                   r"filtered = (\d+) / (\d+) \(true Jaccard 0\.\d+-0\.\d+, threshold 0\.8\)", stdout)
     assert m and int(m.group(4)) == int(m.group(5)) == len(near), stdout[-2000:]
     page = (out / "report.html").read_text()
