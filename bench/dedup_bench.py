@@ -1,9 +1,10 @@
 """Near-duplicate benchmark: quality per Jaccard band, speed and memory, side by side in one run.
 
-    python bench/dedup_bench.py BENCH_DIR [--tools corpusmill,corpusmill-word,text-dedup,datatrove] [--anchors DIR]
+    python bench/dedup_bench.py BENCH_DIR [--tools corpusmill,corpusmill-both,corpusmill-word,text-dedup,datatrove] [--anchors DIR]
 
 BENCH_DIR is made by bench/dedup_corpus.py (data/*.jsonl and truth.jsonl). corpusmill runs
-`corpusmill dedup` (exact + MinHash; then SimHash alone and exact alone for their throughput); the
+`corpusmill dedup` (exact + MinHash, exact + SimHash, exact alone; corpusmill-both: exact + SimHash +
+MinHash in one run); the
 anchors run from their own venvs under --anchors (made by bench/dedup_bench.sh): text-dedup's
 MinHash (b=14, r=8, 5-grams, num_proc 2) and datatrove's four-stage MinHash (2 local tasks).
 Every run goes through bench/measure.py (wall, CPU seconds and peak RSS of the whole process tree).
@@ -60,6 +61,7 @@ def quality(all_ids: list[str], kept: set[str], truth: list[dict], t: float) -> 
         sel = [ok for f, ok in zip(truth, resolved) if f["lang"] == lang and f["jaccard"] >= t + 0.05]
         by_lang[lang] = round(float(np.mean(sel)), 4) if sel else None
     at_t = [ok for f, ok in zip(truth, resolved) if f["jaccard"] >= t]
+    at_09 = [ok for f, ok in zip(truth, resolved) if f["jaccard"] >= 0.9]
     strict = sum(1 for f, ok in zip(truth, resolved) if ok and f["jaccard"] >= t)
     return {
         "removed": len(removed),
@@ -67,6 +69,7 @@ def quality(all_ids: list[str], kept: set[str], truth: list[dict], t: float) -> 
         "precision_at_t": round(strict / max(1, len(removed)), 4),
         "recall": round(float(np.mean(target)), 4) if target else None,
         "recall_at_t": round(float(np.mean(at_t)), 4) if at_t else None,
+        "recall_at_0.9": round(float(np.mean(at_09)), 4) if at_09 else None,
         "recall_by_lang": by_lang,
         "exact_resolved": round(float(np.mean(exact)), 4) if exact else None,
         "bands": bands,
@@ -138,8 +141,11 @@ def main() -> int:
 
     if "corpusmill" in tools:
         record("corpusmill exact+minhash", *run_corpusmill(data, runs_dir / "cm-minhash", "exact,minhash", args.threshold))
-        record("corpusmill simhash", *run_corpusmill(data, runs_dir / "cm-simhash", "simhash", args.threshold))
+        record("corpusmill exact+simhash", *run_corpusmill(data, runs_dir / "cm-simhash", "exact,simhash", args.threshold))
         record("corpusmill exact", *run_corpusmill(data, runs_dir / "cm-exact", "exact", args.threshold), with_quality=False)
+    if "corpusmill-both" in tools:  # SimHash and MinHash in one run (the guide's "simhash plus MinHash")
+        record("corpusmill exact+simhash+minhash",
+               *run_corpusmill(data, runs_dir / "cm-both", "exact,simhash,minhash", args.threshold))
     if "corpusmill-word" in tools:  # the same with word 5-gram shingles (dedup.shingling.unit: word)
         record("corpusmill exact+minhash, word shingles",
                *run_corpusmill(data, runs_dir / "cm-minhash-word", "exact,minhash", args.threshold, unit="word"))
@@ -158,11 +164,12 @@ def markdown(summary: dict) -> str:
     lines = [f"{summary['documents']:,} documents, {summary['mb']} MB, {summary['planted']:,} planted copies, "
              f"threshold {summary['threshold']}", "",
              "| run | wall s | CPU s | docs/s | MB/s | peak RSS MB | precision | recall (J>=t+0.05) | recall (J>=t) | "
-             "recall en / zh |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "recall (J>=0.9) | recall en / zh |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, r in summary["results"].items():
         lang = r.get("recall_by_lang") or {}
         lines.append(f"| {name} | {r['wall_s']} | {r['cpu_s']} | {r['docs_per_s']:,} | {r['mb_per_s']} | "
                      f"{r['peak_rss_tree_mb']:,} | {r.get('precision', '-')} | {r.get('recall', '-')} | {r.get('recall_at_t', '-')} | "
+                     f"{r.get('recall_at_0.9', '-')} | "
                      f"{lang.get('en', '-')} / {lang.get('zh', '-')} |")
     bands = [n for n, r in summary["results"].items() if "bands" in r]
     if bands:

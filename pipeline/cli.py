@@ -542,11 +542,24 @@ def _cmd_demo(args) -> int:
     filtered = _removed_ids(out / "02-filter")
     found, both = _planted_pairs_found(out / "03-exact_dedup", planted["exact_duplicates"], "duplicate_of", filtered)
     near, near_both = _planted_pairs_found(out / "04-near_dedup", planted["near_duplicates"], "near", filtered)
+    near_exact, _ = _planted_pairs_found(out / "03-exact_dedup", planted["near_duplicates"], "near", filtered)
+    near += near_exact  # an edit that normalisation undoes leaves an exact copy
+    # a pair the quality filters split (one copy removed there) needs no near dedup: one copy is left
+    near_one = sum((p["id"] in filtered) != (p["near"] in filtered) for p in planted["near_duplicates"])
     _log(f"demo check: planted exact-duplicate pairs: {found} resolved by exact dedup + {both} with both copies "
          f"filtered first = {found + both} / {c['exact_duplicates']}; planted near-duplicate pairs: {near} resolved by "
-         f"near dedup + {near_both} both filtered = {near + near_both} / {c['near_duplicates']} (a copy whose edit leaves "
-         f"it under the threshold stays); quarantined {result.ledger['quarantined']} / planted malformed {c['malformed']}")
+         f"dedup + {near_one} with one copy filtered + {near_both} both filtered = {near + near_one + near_both} / "
+         f"{c['near_duplicates']}{_planted_span(planted, cfg)}; "
+         f"quarantined {result.ledger['quarantined']} / planted malformed {c['malformed']}")
     return 0
+
+
+def _planted_span(planted: dict, cfg) -> str:
+    """The planted near copies' true character 5-gram Jaccard range beside the threshold they must clear."""
+    js = [p["jaccard"] for p in planted["near_duplicates"] if "jaccard" in p]
+    if not js:
+        return ""
+    return f" (true Jaccard {min(js):.2f}-{max(js):.2f}, threshold {cfg.dedup.minhash.threshold})"
 
 
 def _removed_ids(stage_dir: Path) -> set:

@@ -481,12 +481,16 @@ class MinHashConfig(_Section):
 
 class SimHashConfig(_Section):
     enabled: bool = Field(False, description="Find near duplicates with 64-bit SimHash.")
-    max_distance: int = Field(3, ge=0, le=15, description="Largest Hamming distance counted as a duplicate (k).")
+    max_distance: int = Field(5, ge=0, le=15, description="Largest Hamming distance of a candidate pair (k): the 64 bits "
+                              "are cut into k + 2 blocks and every pair of blocks is one table, so a pair within k bits "
+                              "shares a bucket in at least one table.")
     unit: Literal["word", "char"] = Field(
-        "word", description="Feature components (as dedup.shingling.unit; word: words, characters for CJK documents)."
+        "char", description="Feature components (as dedup.shingling.unit; word: words, characters for CJK documents)."
     )
     word_ngram: int = Field(3, gt=0, le=MAX_NGRAM, description="Feature size in words, for space-delimited text.")
-    char_ngram: int = Field(3, gt=0, le=MAX_NGRAM, description="Feature size in characters, for CJK text.")
+    char_ngram: int = Field(3, gt=0, le=MAX_NGRAM, description="Feature size in characters (every script with unit char).")
+    verify: bool = Field(True, description="Keep a candidate pair only if the true Jaccard of its shingle sets (dedup.shingling, "
+                         "the space of dedup.minhash.threshold) reaches that threshold; off: every pair within k bits is a duplicate.")
     max_bucket: int = Field(1000, gt=1, le=MAX_COUNT, description="Distinct fingerprints a bucket compares all-pairs; larger ones use a window.")
     window: int = Field(64, gt=0, le=1 << 16, description="Sorted neighbours compared in an oversized bucket.")
 

@@ -3,7 +3,9 @@
 English: the docstrings and help topics of the running Python installation. Chinese and English:
 paragraphs this project wrote, composed into documents. Planted on top, so that every stage visibly
 removes something: exact duplicates (verbatim, and copies that only become exact after
-normalisation), near duplicates (one sentence changed), junk documents, and malformed lines.
+normalisation), near duplicates (words or characters edited throughout, each copy's true character
+5-gram Jaccard to its original recorded, all above the default threshold), junk documents, and
+malformed lines.
 Formats: JSONL, gzip JSONL, zstd JSONL, Parquet and plain-text files.
 """
 from __future__ import annotations
@@ -108,14 +110,54 @@ def _fullwidth(text: str) -> str:
     return wide.replace("\n", "  \r\n") + "   "
 
 
-def _change_one_sentence(text: str, rng: random.Random) -> str:
-    for mark in ("。", ". "):
-        pieces = text.split(mark)
-        if len(pieces) > 3:
-            i = rng.randrange(1, len(pieces) - 1)
-            pieces[i] = pieces[i][: len(pieces[i]) // 2] + ("（有改动）" if mark == "。" else " (edited)")
-            return mark.join(pieces)
-    return text + " (edited)"
+def _near_copy(text: str, rng: random.Random, jaccard_of, low: float, high: float) -> tuple[str, float]:
+    """A copy edited in character space, as bench/dedup_corpus.py plants them: substitutions,
+    insertions and deletions of words (Latin text) or characters (CJK text) spread through the
+    document, drawn again with fewer edits until the true character 5-gram Jaccard to the original
+    (the space dedup's threshold is on) lies in [low, high]. Returns the copy and that Jaccard."""
+    cjk = sum("\u4e00" <= c <= "\u9fff" for c in text) > len(text) // 3
+    units = list(text) if cjk else text.split(" ")
+    strength = rng.uniform(0.01, 0.04)
+    fallback: tuple[str, float] = (text, 1.0)  # too similar rather than too far: it must stay a duplicate
+    for _ in range(12):
+        edited = units[:]
+        for _ in range(max(1, int(len(units) * strength))):
+            i = rng.randrange(len(edited))
+            op = rng.random()
+            if op < 0.5:
+                edited[i] = rng.choice(units)
+            elif op < 0.75:
+                edited.insert(i, rng.choice(units))
+            elif len(edited) > 1:
+                del edited[i]
+        copy = ("" if cjk else " ").join(edited)
+        j = jaccard_of(text, copy)
+        if low <= j <= high:
+            return copy, j
+        if j > high and j < fallback[1]:
+            fallback = (copy, j)
+        strength *= 0.7 if j < low else 1.4
+    return fallback
+
+
+def _char_jaccard():
+    """The true Jaccard of two texts' shingle sets as near dedup computes it (normalised, then the
+    configured default shingling: character 5-grams for every script)."""
+    from corpusmill.stages.normalize import normalize_array
+    from corpusmill.stages.shingles import ShingleSpec, shingle_hashes
+
+    from .config import Config
+
+    dc = Config().dedup
+    spec = ShingleSpec(dc.minhash.word_ngram, dc.minhash.char_ngram, dc.shingling.lowercase,
+                       dc.shingling.strip_punctuation, dc.shingling.cjk_share, dc.shingling.unit)
+
+    def jaccard(a: str, b: str) -> float:
+        hashes, offsets = shingle_hashes(normalize_array(pa.array([a, b], pa.string())), spec)
+        sa, sb = set(hashes[offsets[0]:offsets[1]].tolist()), set(hashes[offsets[1]:offsets[2]].tolist())
+        return len(sa & sb) / max(1, len(sa | sb))
+
+    return jaccard, dc.minhash.threshold
 
 
 def build_demo_corpus(out_dir: str | Path, seed: int = 0) -> dict[str, Any]:
@@ -123,6 +165,7 @@ def build_demo_corpus(out_dir: str | Path, seed: int = 0) -> dict[str, Any]:
     from corpusmill.stages.normalize import normalize_array
 
     rng = random.Random(seed)
+    jaccard, threshold = _char_jaccard()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     en = _stdlib_docs() + _compose(rng, EN_PARAGRAPHS, 150, "en-essay", "\n\n")
@@ -149,10 +192,21 @@ def build_demo_corpus(out_dir: str | Path, seed: int = 0) -> dict[str, Any]:
             copy_id = f"{orig['id']}#copy{k}"
             recs.append({"id": copy_id, "text": text, "source": orig["source"]})
             planted["exact_duplicates"].append({"id": copy_id, "duplicate_of": orig["id"]})
-        for k, orig in enumerate(rng.sample(recs[: len(recs) - n_copies], n_copies // 2)):
+        # near copies of documents none of whose lines recur elsewhere: the filter strips lines that recur
+        # in many documents of a source (the composed essays' paragraphs), which would change both texts
+        # before dedup sees them. English: the Python docs; Chinese: one-line mixes of sentences.
+        if recs is zh_rec:
+            sentences = [x + "。" for para in ZH_PARAGRAPHS for x in para.split("。") if x]
+            bases = [{"id": f"zh-mix-{k:03d}", "text": "".join(rng.sample(sentences, 10)), "source": "zh-essays"}
+                     for k in range(n_copies // 2)]
+            recs.extend(bases)
+        else:
+            bases = rng.sample([r for r in recs[: len(recs) - n_copies] if r["id"].startswith("python:")], n_copies // 2)
+        for k, orig in enumerate(bases):
             near_id = f"{orig['id']}#near{k}"
-            recs.append({"id": near_id, "text": _change_one_sentence(orig["text"], rng), "source": orig["source"]})
-            planted["near_duplicates"].append({"id": near_id, "near": orig["id"]})
+            text, j = _near_copy(orig["text"], rng, jaccard, threshold + 0.05, 0.97)
+            recs.append({"id": near_id, "text": text, "source": orig["source"]})
+            planted["near_duplicates"].append({"id": near_id, "near": orig["id"], "jaccard": round(j, 4)})
     for k, junk in enumerate(JUNK):
         rec = {"id": f"junk-{k}", "text": junk, "source": "junk"}
         (zh_rec if k % 2 else en_rec).append(rec)

@@ -5,8 +5,9 @@ punctuation and symbols when asked), whatever the script; with unit "word", word
 text and characters for CJK text (chosen per document by its share of CJK characters). Lowercasing
 first, when asked. A component's hash is xxh3-64 of its UTF-8 bytes (computed once per distinct component in a
 batch); an n-gram's hash folds its components' hashes polynomially and finishes with the
-MurmurHash3 64-bit finaliser. All of it runs as numpy/Arrow array operations over a whole batch:
-Python-side shingle strings (about 15 MB/s per core) are never built.
+MurmurHash3 64-bit finaliser. Words are split and hashed as Arrow/numpy operations over a whole
+batch; characters are decoded from the UTF-8 buffer and the n-grams rolled along each document by
+the compiled loops in `sketch`: Python-side shingle strings (about 15 MB/s per core) are never built.
 
 `shingle_strings` and `shingle_hash64` are the slow, obviously-correct reference of the same
 definition: the shingle string joins its components with a space, and `shingle_hash64(bytes)`
@@ -15,12 +16,15 @@ and `simhash.Simhash` to prove the fast signatures equal theirs.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
+
+from . import sketch
 
 CJK = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}"
 PUNCT = r"[\p{P}\p{S}]+"
@@ -81,16 +85,32 @@ _PUNCT_TABLE = None
 
 
 def _is_punct_table() -> np.ndarray:
-    """is_punct[c]: code point c is punctuation or a symbol (Unicode categories P* and S*)."""
+    """is_punct[c]: code point c is punctuation or a symbol (Unicode categories P* and S*).
+
+    1.1M `unicodedata.category` calls take 1-5 s, paid by every process (each Dask worker), so the
+    table is kept on disk beside the compiled loops' cache, keyed by the Unicode version."""
     global _PUNCT_TABLE
     if _PUNCT_TABLE is None:
+        import os
         import unicodedata
+        from pathlib import Path
 
-        table = np.zeros(0x110000, dtype=bool)
-        for c in range(0x110000):
-            if unicodedata.category(chr(c))[0] in "PS":
-                table[c] = True
-        _PUNCT_TABLE = table
+        cache = Path(__file__).resolve().parent / "__pycache__" / f"punct-table-{unicodedata.unidata_version}.npy"
+        try:
+            _PUNCT_TABLE = np.unpackbits(np.load(cache))[:0x110000].astype(bool)
+        except (OSError, ValueError):
+            table = np.zeros(0x110000, dtype=bool)
+            for c in range(0x110000):
+                if unicodedata.category(chr(c))[0] in "PS":
+                    table[c] = True
+            _PUNCT_TABLE = table
+            try:  # a read-only install simply recomputes it per process
+                cache.parent.mkdir(exist_ok=True)
+                tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npy")
+                np.save(tmp, np.packbits(table))
+                os.replace(tmp, cache)
+            except OSError:
+                pass
     return _PUNCT_TABLE
 
 
@@ -152,6 +172,42 @@ def shingle_strings(text: str, spec: ShingleSpec = ShingleSpec()) -> list[str]:
     return [" ".join(comps[i : i + n]) for i in range(len(comps) - n + 1)]
 
 
+_LUT = np.zeros(0x110000, dtype=np.uint64)  # xxh3-64 of each code point's UTF-8, filled as code points are met
+_KNOWN = np.zeros(0x110000, dtype=np.uint8)  # 1: hashed into _LUT
+_DROP: dict[bool, np.ndarray] = {}  # uint8 tables (the compiled loop reads them per character)
+_TABLE_LOCK = threading.Lock()
+
+
+def _drop_table(strip_punctuation: bool) -> np.ndarray:
+    """drop[c]: code point c is not a character component (whitespace, and punctuation when asked)."""
+    if strip_punctuation not in _DROP:
+        _DROP[strip_punctuation] = (_IS_SPACE | _is_punct_table() if strip_punctuation else _IS_SPACE).astype(np.uint8)
+    return _DROP[strip_punctuation]
+
+
+def utf8_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(UTF-8 bytes, int64 offsets) of a string array, without copying the text."""
+    texts = texts.cast(pa.string())
+    bufs = texts.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int32, count=len(texts) + 1, offset=4 * texts.offset).astype(np.int64)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
+    return data, offsets
+
+
+def char_points(texts: pa.Array, strip_punctuation: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(code points, per-document starts) of the character components (whitespace and, when asked,
+    punctuation dropped); every code point met is hashed into the process's table once."""
+    data, offsets = utf8_buffers(texts)
+    drop = _drop_table(strip_punctuation)
+    with _TABLE_LOCK:  # threads of one worker share the table: a code point is marked and hashed under one lock
+        points, starts, n_new = sketch.utf8_points(data, offsets, drop, _KNOWN)
+        if n_new:
+            new = np.flatnonzero(_KNOWN == 2)
+            _LUT[new] = np.fromiter((xxhash.xxh3_64_intdigest(chr(c).encode("utf-8")) for c in new.tolist()), np.uint64, len(new))
+            _KNOWN[new] = 1
+    return points, starts
+
+
 def _component_hashes(texts: pa.Array, cjk: np.ndarray, spec: ShingleSpec, with_lengths: bool = False):
     """Flat uint64 component hashes of all documents and the per-document component counts (and,
     `with_lengths`, each component's length in characters)."""
@@ -172,22 +228,14 @@ def _component_hashes(texts: pa.Array, cjk: np.ndarray, spec: ShingleSpec, with_
             lengths_of.append(pc.utf8_length(flat).to_numpy(zero_copy_only=False).astype(np.float64))
     cjk_idx = np.flatnonzero(cjk)
     if len(cjk_idx):
-        docs = texts.take(pa.array(cjk_idx)).to_pylist()
-        points = np.frombuffer("".join(docs).encode("utf-32-le"), dtype=np.uint32)
-        doc_of = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
-        keep = ~_IS_SPACE[points]
-        if spec.strip_punctuation:
-            keep &= ~_is_punct_table()[points]
-        points, doc_of = points[keep], doc_of[keep]
-        present = np.zeros(0x110000, dtype=bool)  # a dense table over all code points: no sort
-        present[points] = True
-        lut = np.zeros(0x110000, dtype=np.uint64)
-        for c in np.flatnonzero(present).tolist():
-            lut[c] = xxhash.xxh3_64_intdigest(chr(c).encode("utf-8"))
-        counts[cjk_idx] = np.bincount(doc_of, minlength=len(docs))
-        parts.append((cjk_idx, lut[points]))
+        sub = texts if len(cjk_idx) == n else texts.take(pa.array(cjk_idx))
+        points, doc_starts = char_points(sub, spec.strip_punctuation)
+        counts[cjk_idx] = np.diff(doc_starts)
+        parts.append((cjk_idx, sketch.lookup(points, _LUT)))
         if with_lengths:
             lengths_of.append(np.ones(len(points), dtype=np.float64))
+    if len(parts) == 1 and len(parts[0][0]) == n and not with_lengths:  # one group holding every document, in order
+        return parts[0][1], counts
     # interleave the two groups back into document order
     starts = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
@@ -209,54 +257,27 @@ def shingle_hashes(texts: pa.Array, spec: ShingleSpec = ShingleSpec()) -> tuple[
     """(hashes, offsets): uint64 n-gram hashes of every document, flat, and offsets (n_docs + 1).
 
     Document i's shingles are hashes[offsets[i]:offsets[i+1]] (with repeats, in text order)."""
+    return shingle_hashes_multi(texts, [spec])[0]
+
+
+def same_components(a: ShingleSpec, b: ShingleSpec) -> bool:
+    """The two specs split documents into the same components (they may differ in n only)."""
+    return (a.lowercase, a.strip_punctuation, a.cjk_share, a.unit) == (b.lowercase, b.strip_punctuation, b.cjk_share, b.unit)
+
+
+def shingle_hashes_multi(texts: pa.Array, specs: list[ShingleSpec]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`shingle_hashes` for several specs that differ only in their n-gram sizes: the text is decoded
+    and its components hashed once (MinHash's 5-grams and SimHash's 3-grams in one pass)."""
+    assert all(same_components(specs[0], s) for s in specs[1:])
+    spec = specs[0]
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks()
     texts = _prepare(texts.cast(pa.string()), spec)
     cjk = cjk_mask(texts, spec)
     comp, counts = _component_hashes(texts, cjk, spec)
-    n_of = np.where(cjk, spec.char_ngram, spec.word_ngram).astype(np.int64)
     starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
-    # shingles per document: counts - n + 1, or 1 for a non-empty document shorter than n
-    n_sh = np.where(counts >= n_of, counts - n_of + 1, (counts > 0).astype(np.int64))
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(n_sh, out=offsets[1:])
-    out = np.empty(offsets[-1], dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for n in np.unique(n_of):
-            full = np.flatnonzero((n_of == n) & (counts >= n))
-            if len(full):
-                # fold[i] = sum_j comp[i + j] * P^(n-1-j) over every window start i (wrapping mod 2^64)
-                fold = np.zeros(max(len(comp) - n + 1, 0), dtype=np.uint64)
-                for j in range(n):
-                    fold = fold * FOLD_PRIME + comp[j : len(comp) - n + 1 + j]
-                k = n_sh[full]
-                src = np.repeat(starts[full], k) + _ranges(k)
-                dst = np.repeat(offsets[full], k) + _ranges(k)
-                out[dst] = fold[src]
-        short = np.flatnonzero((counts < n_of) & (counts > 0))
-        for i in short:  # whole document as one shingle (rare: shorter than one n-gram)
-            s = np.uint64(0)
-            for h in comp[starts[i] : starts[i + 1]]:
-                s = s * FOLD_PRIME + h
-            out[offsets[i]] = s
-        out = fmix64(out)
-    return out, offsets
-
-
-def doc_chunks(offsets: np.ndarray, max_shingles: int):
-    """Runs of consecutive non-empty documents whose shingles fit `max_shingles` (at least one
-    document each): yields (document indices, first shingle, end shingle)."""
-    nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
-    i = 0
-    while i < len(nonempty):
-        start = offsets[nonempty[i]]
-        j = i + 1
-        while j < len(nonempty) and offsets[nonempty[j] + 1] - start <= max_shingles:
-            j += 1
-        docs = nonempty[i:j]
-        yield docs, start, offsets[docs[-1] + 1]
-        i = j
+    return [sketch.fold_ngrams(comp, starts, np.where(cjk, s.char_ngram, s.word_ngram).astype(np.int64)) for s in specs]
 
 
 def _ranges(counts: np.ndarray) -> np.ndarray:

@@ -2,11 +2,11 @@
 
 A fingerprint's bit i is set when more than half of the document's features (shingles, counted
 with repeats) have bit i set in their 64-bit hash: exactly `simhash.Simhash(features,
-hashfunc=shingle_hash64).value`. Here it is a bit-count over a (features x 64) bit matrix per batch.
+hashfunc=shingle_hash64).value`. Here it is a compiled bit count per document (`sketch.simhash`).
 
-Near pairs (Hamming distance <= k) are found by cutting the 64 bits into k + 1 blocks: two
-fingerprints within distance k agree exactly on at least one block, so each (block, value) bucket
-holds every candidate. Inside a bucket identical fingerprints are collapsed first; a bucket with
+Near pairs (Hamming distance <= k) are found by cutting the 64 bits into k + 2 blocks: two
+fingerprints within distance k agree exactly on at least two blocks, so the tables keyed by every
+pair of blocks hold every candidate in some bucket. Inside a bucket identical fingerprints are collapsed first; a bucket with
 more distinct fingerprints than `max_bucket` is compared only against a sliding window of its
 neighbours in sorted order, so an oversized bucket costs O(n * window), not O(n^2).
 """
@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .shingles import doc_chunks
+from . import sketch
+from .shingles import fmix64
 
 BLOCK_META = pd.DataFrame({"block_key": pd.Series(dtype="int64"), "uid": pd.Series(dtype="int64"),
                            "fingerprint": pd.Series(dtype="int64")})
@@ -23,23 +24,14 @@ EDGE_META = pd.DataFrame({"a": pd.Series(dtype="int64"), "b": pd.Series(dtype="i
                           "distance": pd.Series(dtype="int64")})
 
 
-def fingerprints(hashes64: np.ndarray, offsets: np.ndarray, chunk: int = 1 << 18) -> np.ndarray:
+def fingerprints(hashes64: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """uint64 SimHash of each document from its flat feature hashes (0 for a document without features)."""
-    n_docs = len(offsets) - 1
-    out = np.zeros(n_docs, dtype=np.uint64)
-    counts = np.diff(offsets)
-    weights = (1 << np.arange(63, -1, -1, dtype=np.uint64)).astype(np.uint64)
-    for docs, start, end in doc_chunks(offsets, chunk):
-        bits = np.unpackbits(hashes64[start:end].astype(">u8").view(np.uint8).reshape(-1, 8), axis=1)  # MSB first
-        sums = np.add.reduceat(bits.astype(np.int32), offsets[docs] - start, axis=0)
-        on = (2 * sums > counts[docs][:, None]).astype(np.uint64)
-        out[docs] = (on * weights).sum(axis=1, dtype=np.uint64)
-    return out
+    return sketch.simhash(np.ascontiguousarray(hashes64, dtype=np.uint64), np.asarray(offsets, dtype=np.int64))
 
 
 def block_masks(max_distance: int) -> list[tuple[int, int]]:
-    """(shift, width) of the k + 1 blocks covering 64 bits."""
-    n = max_distance + 1
+    """(shift, width) of the k + 2 blocks covering 64 bits."""
+    n = max_distance + 2
     widths = [64 // n + (1 if i < 64 % n else 0) for i in range(n)]
     out, shift = [], 0
     for w in widths:
@@ -48,18 +40,28 @@ def block_masks(max_distance: int) -> list[tuple[int, int]]:
     return out
 
 
+def table_masks(max_distance: int) -> np.ndarray:
+    """uint64 masks of the tables: one per pair of the k + 2 blocks. Two fingerprints within k bits
+    differ in at most k blocks, so at least two blocks agree and the pair shares a bucket in that
+    table (k + 1 single blocks would guarantee it too, but with keys a third as long: buckets
+    thousands of times fuller on 100k documents)."""
+    blocks = [((1 << w) - 1) << s for s, w in block_masks(max_distance)]
+    return np.array([blocks[i] | blocks[j] for i in range(len(blocks)) for j in range(i + 1, len(blocks))], dtype=np.uint64)
+
+
 def block_rows(uids: np.ndarray, fps: np.ndarray, has_features: np.ndarray, max_distance: int) -> pd.DataFrame:
-    """One row per (document, block): a key naming the block and its value, plus the fingerprint."""
+    """One row per (document, table): a key naming the table and the fingerprint's bits under its
+    mask (a 64-bit mix of both: a collision only adds a candidate the distance check drops), plus
+    the fingerprint."""
     uids, fps = uids[has_features].astype(np.int64), fps[has_features]
-    keys = []
-    for index, (shift, width) in enumerate(block_masks(max_distance)):
-        value = (fps >> np.uint64(shift)) & np.uint64((1 << width) - 1)
-        keys.append((value << np.uint64(8)) | np.uint64(index))  # block index in the low byte
-    n_blocks = len(keys)
+    masks = table_masks(max_distance)
+    with np.errstate(over="ignore"):
+        salt = (np.arange(1, len(masks) + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+        keys = fmix64((fps[:, None] & masks[None, :]) ^ salt[None, :])
     return pd.DataFrame({
-        "block_key": np.stack(keys, axis=1).reshape(-1).view(np.int64),
-        "uid": np.repeat(uids, n_blocks),
-        "fingerprint": np.repeat(fps.view(np.int64), n_blocks),
+        "block_key": keys.reshape(-1).view(np.int64),
+        "uid": np.repeat(uids, len(masks)),
+        "fingerprint": np.repeat(fps.view(np.int64), len(masks)),
     })
 
 

@@ -67,6 +67,12 @@ def test_demo_runs_everything_and_prints_a_summary(demo_run):
     # every planted exact pair ends resolved: by exact dedup, or both copies filtered before dedup
     n = planted["exact_duplicates"]
     assert re.search(rf"planted exact-duplicate pairs: \d+ resolved by exact dedup \+ \d+ with both copies filtered first = {n} / {n}", stdout)
+    # near copies are planted in character space above the threshold (their true Jaccard recorded): near dedup resolves them
+    near = json.loads((out / "corpus" / "PLANTED.json").read_text())["near_duplicates"]
+    assert min(p["jaccard"] for p in near) >= 0.85
+    m = re.search(r"planted near-duplicate pairs: (\d+) resolved by dedup \+ (\d+) with one copy filtered \+ (\d+) both "
+                  r"filtered = (\d+) / (\d+) \(true Jaccard 0\.\d+-0\.\d+, threshold 0\.8\)", stdout)
+    assert m and int(m.group(4)) == int(m.group(5)) == len(near), stdout[-2000:]
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") >= 10 and "Score distributions" in page and "<table>" in page
     assert "Filter by language" in page and "Filter by source" in page and "gopher_few_words" in page

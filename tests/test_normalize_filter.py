@@ -36,6 +36,28 @@ def test_normalize_nfkc_controls_whitespace_entities():
     assert normalize_batch(_docs(["Ｈｉ，ＡＢＣ１２３！"]), nfkc=False).kept["text"][0] == "Hi，ABC123！"
 
 
+@pytest.mark.parametrize("protect", [True, False])
+def test_nfkc_leaves_ascii_texts_out_with_the_same_result_as_normalising_all(protect):
+    """NFKC runs only on the texts that are not pure ASCII: the result must equal the passes over every text."""
+    import random
+
+    import pyarrow.compute as pc
+
+    from corpusmill.stages.normalize import _PROTECT, _nfkc
+
+    rng = random.Random(3)
+    alphabet = "aZ 1!~，！（）：；？～\uff21\uff41\u3000\U000F0000\U000F0003\u00e9e\u0301\ufb01中文。\n"
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 10))) for _ in range(3000)] + [None, "plain ascii"]
+    arr = pa.array(texts, pa.string())
+    ref = arr
+    for ch, stand_in in _PROTECT if protect else []:
+        ref = pc.replace_substring(ref, ch, stand_in)
+    ref = pc.utf8_normalize(ref, form="NFKC")
+    for ch, stand_in in _PROTECT if protect else []:
+        ref = pc.replace_substring(ref, stand_in, ch)
+    assert _nfkc(arr, protect).to_pylist() == ref.to_pylist()
+
+
 def test_scores_are_cjk_aware():
     s = score_texts(pa.array(["hello big world", "今天天气很好", "mixed 中文 text!", POEM]))
     assert s["words"].tolist() == [3, 6, 4, 34]

@@ -12,6 +12,7 @@ from dask import delayed
 from corpusmill.stages import minhash, near_dedup
 
 from ...step import PipelineError, StepContext
+from .verify import exact_check
 
 METHOD = 0  # edge method code: MinHash edges win over SimHash ones when both reach a document
 
@@ -51,7 +52,7 @@ def minhash_edges(ctx: StepContext, sig_paths: list[str], parts: list[str], spec
     else:
         verified = _estimate_distributed(ctx, cand, sig_paths, floor)
     if threshold is not None:
-        verified = _exact_check(ctx, verified, parts, spec, threshold, n_cand, stats)
+        verified = exact_check(ctx, verified, parts, spec, threshold, "minhash", n_cand, stats)
     stats["minhash_candidates"] = n_cand
     return verified.assign(method=np.int8(METHOD))
 
@@ -79,26 +80,6 @@ def _estimate_distributed(ctx: StepContext, cand: Any, sig_paths: list[str], flo
     joined = cand.merge(sig_a, on="a").merge(sig_b, on="b").map_partitions(
         near_dedup.verify_minhash_edges, floor, meta=near_dedup.VERIFIED_META)
     return ctx.persist(joined, "near_dedup: signature estimate of the candidate pairs")
-
-
-def _exact_check(ctx: StepContext, verified: Any, parts: list[str], spec: near_dedup.SignatureSpec, threshold: float,
-                 n_cand: int, stats: dict[str, Any]) -> Any:
-    """The true Jaccard of the two shingle sets, from the endpoints' texts only."""
-    plausible = verified[["a", "b"]]
-    ends = dd.concat([plausible[["a"]].rename(columns={"a": "u"}), plausible[["b"]].rename(columns={"b": "u"})])
-    endpoints = np.unique(ctx.compute(ends["u"].unique(), "near_dedup: documents to verify").to_numpy()).astype(np.int64)
-    ends_future = ctx.broadcast(endpoints)
-    text_meta = pd.DataFrame({"uid": pd.Series(dtype="int64"), "text": pd.Series(dtype=object)})
-    # the endpoints' texts are read once (both sides of the merge share these tasks)
-    texts = dd.from_delayed([delayed(near_dedup.texts_for_uids)(p, ends_future, spec.normalize) for p in parts],
-                            meta=text_meta, verify_meta=False)
-    n_plausible = int(plausible.map_partitions(len).compute().sum())
-    stats["minhash_exact_checks"] = n_plausible
-    ctx.log(f"  near_dedup: {n_cand} candidate pairs, {n_plausible} within reach of the threshold by "
-            f"their signatures: verifying those by exact Jaccard ({len(endpoints)} documents)")
-    return plausible.merge(texts.rename(columns={"uid": "a", "text": "text_a"}), on="a").merge(
-        texts.rename(columns={"uid": "b", "text": "text_b"}), on="b").map_partitions(
-        near_dedup.verify_exact_edges, spec.minhash, threshold, meta=near_dedup.VERIFIED_META)
 
 
 def rows_for_uids(ctx: StepContext, sig_paths: list[str], uids: np.ndarray, fields: list[str], label: str) -> list:

@@ -32,6 +32,8 @@ class NearDedupStep(removal.DedupStep):
             seed=dc.minhash.seed,
             simhash=ShingleSpec(dc.simhash.word_ngram, dc.simhash.char_ngram, sh.lowercase, sh.strip_punctuation,
                                 sh.cjk_share, dc.simhash.unit) if dc.simhash.enabled else None,
+            verify=ShingleSpec(dc.minhash.word_ngram, dc.minhash.char_ngram, sh.lowercase, sh.strip_punctuation,
+                               sh.cjk_share, sh.unit),
             keep_field=dc.keep_field if dc.keep == "field" else None,
             normalize=self.normalize_opts,
         )
@@ -64,7 +66,7 @@ class NearDedupStep(removal.DedupStep):
         if dc.minhash.enabled:
             edge_sets.append(minhash_edges(ctx, sig_paths, parts, spec, stats))
         if dc.simhash.enabled:
-            edge_sets.append(simhash_edges(ctx, sig_paths, nparts))
+            edge_sets.append(simhash_edges(ctx, sig_paths, parts, spec, stats))
         edge_files = clustering.write_edges(ctx, edge_sets, folder / "edges", stats)
         n_edges = clustering.edge_count(edge_files)
         in_memory = n_edges * 16 <= dc.components_memory_mb << 20

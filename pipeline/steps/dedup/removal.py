@@ -95,8 +95,8 @@ def _thresholds(ctx: StepContext) -> tuple[float, float]:
 
 def near_removed_in_memory(ctx: StepContext, labels: pd.DataFrame, edge_files: list[str], sig_paths: list[str],
                            parts: list[str], spec: near_dedup.SignatureSpec) -> pd.DataFrame:
-    """Keepers, reasons and similarities when the clustered documents fit in memory. With MinHash
-    verification on, a MinHash-removed document's score is its true Jaccard to the kept one."""
+    """Keepers, reasons and similarities when the clustered documents fit in memory. With a method's
+    verification on, the documents it removed score their true Jaccard to the kept one."""
     from .minhash_edges import rows_for_uids
 
     dc = ctx.cfg.dedup
@@ -119,17 +119,19 @@ def near_removed_in_memory(ctx: StepContext, labels: pd.DataFrame, edge_files: l
     removed["sig_a"] = signatures_of(removed["uid"].to_numpy())
     removed["sig_b"] = signatures_of(removed["duplicate_of"].to_numpy())
     out = near_dedup.finish_removed(removed, *_thresholds(ctx))
-    by_minhash = (out["reason"] == "minhash").to_numpy()
-    if dc.minhash.enabled and dc.minhash.verify and parts and spec.minhash is not None and by_minhash.any():
-        a, b = out["uid"].to_numpy()[by_minhash], out["duplicate_of"].to_numpy()[by_minhash]
+    verified = (((out["reason"] == "minhash") & dc.minhash.enabled & dc.minhash.verify)
+                | ((out["reason"] == "simhash") & dc.simhash.enabled & dc.simhash.verify)).to_numpy()
+    if parts and spec.verify is not None and verified.any():
+        a, b = out["uid"].to_numpy()[verified], out["duplicate_of"].to_numpy()[verified]
         want = np.unique(np.concatenate([a, b]))
         future = ctx.broadcast(want)
         texts = pd.concat(ctx.run([delayed(near_dedup.texts_for_uids)(p, future, spec.normalize) for p in parts],
                                   "near_dedup: similarity to the kept documents"), ignore_index=True).sort_values("uid")
         uids, values = texts["uid"].to_numpy(), np.asarray(texts["text"].tolist(), dtype=object)
         exact = near_dedup.verify_pairs_exact(a, b, list(near_dedup.lookup(uids, values, a)),
-                                              list(near_dedup.lookup(uids, values, b)), spec.minhash, None)
-        out.loc[by_minhash, "score"] = exact["similarity"].to_numpy()
+                                              list(near_dedup.lookup(uids, values, b)), spec.verify, None)
+        out.loc[verified, "score"] = exact["similarity"].to_numpy()
+        out.loc[verified, "threshold"] = dc.minhash.threshold
     return out
 
 

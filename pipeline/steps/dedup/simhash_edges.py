@@ -1,5 +1,6 @@
-"""Near dedup phase: SimHash pairs within `max_distance` bits, found by the pigeonhole blocks
-(k + 1 blocks: two fingerprints within k bits agree on at least one block)."""
+"""Near dedup phase: SimHash pairs within `max_distance` bits, found by block-pair tables (k + 2
+blocks: two fingerprints within k bits agree on at least two), then, with `dedup.simhash.verify`,
+kept only when their true Jaccard reaches `dedup.minhash.threshold`."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,6 +12,7 @@ import pandas as pd
 from corpusmill.stages import near_dedup, simhash
 
 from ...step import StepContext
+from .verify import exact_check
 
 METHOD = 1  # edge method code (MinHash's 0 wins when both reach a document)
 
@@ -20,18 +22,31 @@ def similarity(distance: Any) -> Any:
     return 1.0 - distance / 64.0
 
 
-def simhash_edges(ctx: StepContext, sig_paths: list[str], nparts: int) -> Any:
+def simhash_edges(ctx: StepContext, sig_paths: list[str], parts: list[str], spec: near_dedup.SignatureSpec,
+                  stats: dict[str, Any]) -> Any:
     """A lazy Dask frame of SimHash edges (a, b, similarity, method)."""
-    sc = ctx.cfg.dedup.simhash
+    dc = ctx.cfg.dedup
+    sc = dc.simhash
     k = sc.max_distance
-    ctx.log(f"  near_dedup: SimHash, Hamming <= {k} via {k + 1} blocks")
+    nparts = max(1, len(parts))
+    n_tables = (k + 2) * (k + 1) // 2
+    ctx.log(f"  near_dedup: SimHash, Hamming <= {k} via {n_tables} tables (pairs of {k + 2} blocks)")
     blocks = dd.from_map(near_dedup.simhash_block_part, sig_paths, max_distance=k,
                          meta=simhash.BLOCK_META, enforce_metadata=False)
     near = blocks.shuffle(on="block_key", npartitions=nparts).map_partitions(
         simhash.near_edges, k, sc.max_bucket, sc.window, meta=simhash.EDGE_META)
     near = near.shuffle(on="a", npartitions=nparts).map_partitions(
         lambda p: p.drop_duplicates(subset=["a", "b"]), meta=simhash.EDGE_META)
-    return near.map_partitions(_as_edges, meta=near_dedup.VERIFIED_META.assign(method=np.int8(0)))
+    if not sc.verify:
+        return near.map_partitions(_as_edges, meta=near_dedup.VERIFIED_META.assign(method=np.int8(0)))
+    near = ctx.persist(near, "near_dedup: SimHash tables -> candidate pairs (Dask shuffles)")
+    n_cand = int(near.map_partitions(len).compute().sum())
+    stats["simhash_candidates"] = n_cand
+    if n_cand * 16 <= dc.components_memory_mb << 20:
+        # one partition: the texts are then joined onto it without shuffling them (as MinHash's in-memory estimate)
+        near = dd.from_pandas(near[["a", "b"]].compute().reset_index(drop=True), npartitions=1)
+    verified = exact_check(ctx, near, parts, spec, dc.minhash.threshold, "simhash", n_cand, stats)
+    return verified.assign(method=np.int8(METHOD))
 
 
 def _as_edges(p: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,188 @@
+"""Compiled per-document loops behind shingling, MinHash and SimHash (numba, cached on disk).
+
+Why compiled: the numpy formulation of the same arithmetic spent most of near dedup's time making
+and gathering whole-batch temporaries (every window of every document, then the documents' valid
+windows, then a (permutations x shingles) matrix per chunk). A loop per document does each shingle
+once: the n-gram hash rolls along the document, MinHash keeps one running minimum per permutation,
+SimHash one bit count per bit. The definitions are unchanged: `shingles.shingle_hash64`,
+`datasketch.MinHash` and `simhash.Simhash` remain the references the tests compare against.
+
+Every function takes and returns plain numpy arrays; arithmetic is uint64 with wrap-around, the
+same as the numpy code it replaces.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+_U = nb.uint64
+_M32 = 0xFFFFFFFF
+
+
+@nb.njit(cache=True, nogil=True)
+def utf8_points(data: np.ndarray, offsets: np.ndarray, drop: np.ndarray, known: np.ndarray) -> tuple:
+    """Decode UTF-8 strings (Arrow value buffer and int64 offsets) into the code points a document
+    keeps (`drop[c]` zero), with per-document start offsets, and the count of code points not yet
+    `known` (marked 2 here, so the caller hashes each code point, xxh3 of its UTF-8, once per process)."""
+    n = len(offsets) - 1
+    points = np.empty(offsets[n] - offsets[0], dtype=np.uint32)
+    starts = np.zeros(n + 1, dtype=np.int64)
+    n_new = 0
+    k = 0
+    for d in range(n):
+        i, end = offsets[d], offsets[d + 1]
+        while i < end:
+            c = np.int64(data[i])
+            if c < 0x80:
+                i += 1
+            elif c < 0xE0:
+                c = ((c & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
+                i += 2
+            elif c < 0xF0:
+                c = ((c & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
+                i += 3
+            else:
+                c = (((c & 0x07) << 18) | ((np.int64(data[i + 1]) & 0x3F) << 12) | ((np.int64(data[i + 2]) & 0x3F) << 6)
+                     | (np.int64(data[i + 3]) & 0x3F))
+                i += 4
+            if drop[c]:
+                continue
+            if known[c] == 0:
+                known[c] = 2
+                n_new += 1
+            points[k] = c
+            k += 1
+        starts[d + 1] = k
+    return points[:k], starts, n_new
+
+
+@nb.njit(cache=True, nogil=True)
+def lookup(points: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    """lut[points] as uint64 component hashes."""
+    out = np.empty(len(points), dtype=np.uint64)
+    for i in range(len(points)):
+        out[i] = lut[points[i]]
+    return out
+
+
+@nb.njit(inline="always")
+def _fmix64(x):
+    x ^= x >> _U(33)
+    x *= _U(0xFF51AFD7ED558CCD)
+    x ^= x >> _U(33)
+    x *= _U(0xC4CEB9FE1A85EC53)
+    return x ^ (x >> _U(33))
+
+
+@nb.njit(cache=True, nogil=True)
+def fold_ngrams(comp: np.ndarray, starts: np.ndarray, ngram: np.ndarray) -> tuple:
+    """(hashes, offsets): each document's n-gram hashes in text order (n = ngram[d]), the fold
+    sum_j comp[i + j] * P^(n-1-j) mod 2^64 finished with fmix64; a document with fewer than n
+    components but at least one is one shingle folding all of them."""
+    n_docs = len(starts) - 1
+    offsets = np.zeros(n_docs + 1, dtype=np.int64)
+    for d in range(n_docs):
+        m = starts[d + 1] - starts[d]
+        offsets[d + 1] = offsets[d] + (m - ngram[d] + 1 if m >= ngram[d] else (1 if m > 0 else 0))
+    out = np.empty(offsets[n_docs], dtype=np.uint64)
+    prime = _U(0x100000001B3)
+    for d in range(n_docs):
+        s, e = starts[d], starts[d + 1]
+        if e == s:
+            continue
+        n = ngram[d]
+        w = n if e - s >= n else e - s
+        f = _U(0)
+        top = _U(1)  # P^(w-1): the weight of the component leaving the window
+        for j in range(w):
+            f = f * prime + comp[s + j]
+            if j > 0:
+                top *= prime
+        o = offsets[d]
+        out[o] = _fmix64(f)
+        for i in range(s + w, e):
+            f = (f - comp[i - n] * top) * prime + comp[i]
+            o += 1
+            out[o] = _fmix64(f)
+    return out, offsets
+
+
+@nb.njit(cache=True, nogil=True)
+def minhash(hashes: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(n_docs, num_perm) uint32: datasketch's affine32 scheme on the low 32 bits of each shingle
+    hash (MurmurHash3's fmix32, then a_k * h + b_k mod 2^32, minimum per permutation); a document
+    without shingles keeps the all-max signature."""
+    n_docs = len(offsets) - 1
+    num_perm = len(a)
+    sig = np.full((n_docs, num_perm), np.uint32(_M32), dtype=np.uint32)
+    acc = np.empty(num_perm, dtype=np.uint32)
+    for d in range(n_docs):
+        if offsets[d + 1] == offsets[d]:
+            continue
+        acc[:] = np.uint32(_M32)
+        for i in range(offsets[d], offsets[d + 1]):
+            h = hashes[i] & _U(_M32)
+            h ^= h >> _U(16)
+            h = (h * _U(0x85EBCA6B)) & _U(_M32)
+            h ^= h >> _U(13)
+            h = (h * _U(0xC2B2AE35)) & _U(_M32)
+            h32 = np.uint32(h ^ (h >> _U(16)))
+            for k in range(num_perm):
+                v = np.uint32(a[k] * h32 + b[k])
+                if v < acc[k]:
+                    acc[k] = v
+        sig[d, :] = acc
+    return sig
+
+
+@nb.njit(cache=True, nogil=True)
+def simhash(hashes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """uint64 SimHash per document: bit j set when more than half of its shingles (with repeats)
+    have bit j set; 0 for a document without shingles."""
+    n_docs = len(offsets) - 1
+    out = np.zeros(n_docs, dtype=np.uint64)
+    counts = np.zeros(64, dtype=np.int64)
+    for d in range(n_docs):
+        n = offsets[d + 1] - offsets[d]
+        if n == 0:
+            continue
+        counts[:] = 0
+        for i in range(offsets[d], offsets[d + 1]):
+            h = hashes[i]
+            for j in range(64):
+                counts[j] += np.int64((h >> _U(j)) & _U(1))
+        fp = _U(0)
+        for j in range(64):
+            if 2 * counts[j] > n:
+                fp |= _U(1) << _U(j)
+        out[d] = fp
+    return out
+
+
+@nb.njit(cache=True, nogil=True)
+def pair_jaccard(hashes_a: np.ndarray, offsets_a: np.ndarray, hashes_b: np.ndarray, offsets_b: np.ndarray) -> np.ndarray:
+    """Jaccard of the hash sets of row-aligned documents (pair i: a's document i and b's document i):
+    each side sorted, then one merge counts the distinct values of each and those in both; 1.0 when
+    both are empty."""
+    n = len(offsets_a) - 1
+    out = np.empty(n, dtype=np.float64)
+    for p in range(n):
+        x = np.sort(hashes_a[offsets_a[p]:offsets_a[p + 1]])
+        y = np.sort(hashes_b[offsets_b[p]:offsets_b[p + 1]])
+        i = j = inter = union = 0
+        while i < len(x) or j < len(y):
+            if j == len(y) or (i < len(x) and x[i] < y[j]):
+                v = x[i]
+            else:
+                v = y[j]
+            in_x = i < len(x) and x[i] == v
+            in_y = j < len(y) and y[j] == v
+            union += 1
+            if in_x and in_y:
+                inter += 1
+            while i < len(x) and x[i] == v:
+                i += 1
+            while j < len(y) and y[j] == v:
+                j += 1
+        out[p] = inter / union if union > 0 else 1.0
+    return out
