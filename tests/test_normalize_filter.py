@@ -1,3 +1,5 @@
+import unicodedata
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -52,10 +54,20 @@ def test_nfkc_leaves_ascii_texts_out_with_the_same_result_as_normalising_all(pro
     ref = arr
     for ch, stand_in in _PROTECT if protect else []:
         ref = pc.replace_substring(ref, ch, stand_in)
-    ref = pc.utf8_normalize(ref, form="NFKC")
+    ref = pa.array([None if t is None else unicodedata.normalize("NFKC", t) for t in ref.to_pylist()], pa.string())
     for ch, stand_in in _PROTECT if protect else []:
         ref = pc.replace_substring(ref, stand_in, ch)
     assert _nfkc(arr, protect).to_pylist() == ref.to_pylist()
+
+
+def test_nfkc_composes_what_it_normalises():
+    """NFKC means composed: a decomposed é becomes one code point and a Hangul syllable stays one
+    (pyarrow 23's utf8_normalize(form="NFKC") returns them decomposed, as NFKD would)."""
+    from corpusmill.stages.normalize import _nfkc
+
+    out = _nfkc(pa.array(["cafe\u0301 caf\u00e9", "\ud55c\uad6d\uc5b4", "\ufb01ne \uff21", "中文，标点"]), True).to_pylist()
+    assert out == ["caf\u00e9 caf\u00e9", "\ud55c\uad6d\uc5b4", "fine A", "中文，标点"]
+    assert all(unicodedata.is_normalized("NFKC", t) for t in out[:3])
 
 
 def test_scores_are_cjk_aware():
