@@ -65,7 +65,8 @@ def _nfkc(arr: pa.Array, keep_cjk_punctuation: bool) -> pa.Array:
             sub = pc.replace_substring(sub, ch, stand_in)
     # not pc.utf8_normalize: Arrow 23's form="NFKC" leaves text decomposed (é as e + U+0301, Hangul
     # syllables as jamo), i.e. NFKD; Python's is the real NFKC, and quick for text already in it
-    sub = pa.array([None if t is None else unicodedata.normalize("NFKC", t) for t in sub.to_pylist()], pa.string())
+    sub = pa.array([t if t is None or unicodedata.is_normalized("NFKC", t) else unicodedata.normalize("NFKC", t)
+                    for t in sub.to_pylist()], pa.string())  # the check is quick; most text is already NFKC
     if keep_cjk_punctuation:
         for ch, stand_in in _PROTECT:
             sub = pc.replace_substring(sub, stand_in, ch)
