@@ -288,6 +288,47 @@ def _tokens_packing_shards(r: ReportInputs) -> list[str]:
     return lines + [""]
 
 
+def _group_name(g: dict) -> str:
+    return f"{_md_escape(g['source'])} / {g['language']}"
+
+
+def _composition(r: ReportInputs) -> list[str]:
+    """The corpus by source and language: documents and characters read, removed by step and
+    reason, duplicates whose kept copy is in another group, documents kept, tokens, samples."""
+    comp = r.ledger.get("composition")
+    if not comp or not comp.get("groups"):
+        return []
+    groups = comp["groups"]
+    steps = [st for st in comp.get("steps", []) if any(g["removed"].get(st) for g in groups)]
+    lines = ["## By source and language", "",
+             "| source / language | documents | characters | " + " | ".join(f"removed at {st}" for st in steps)
+             + " | kept | tokens | tokens in shards | samples in shards |",
+             "|---|---:|---:|" + "---|" * len(steps) + "---:|---:|---:|---:|"]
+    for g in groups:
+        removed = [", ".join(f"{k} {v:,}" for k, v in sorted(g["removed"].get(st, {}).items())) or "-" for st in steps]
+        kept = list(g["steps"].values())[-1]["docs"] if g["steps"] else 0
+        tok = g.get("tokenized", {}).get("tokens")
+        sh = g.get("shards", {})
+        lines.append(f"| {_group_name(g)} | {g['documents']:,} | {g['chars']:,} | " + " | ".join(removed)
+                     + f" | {kept:,} | {'-' if tok is None else f'{tok:,}'} | "
+                     f"{'-' if 'tokens' not in sh else format(sh['tokens'], ',')} | "
+                     f"{'-' if 'samples' not in sh else format(sh['samples'], ',')} |")
+    total_shard = sum(g.get("shards", {}).get("tokens", 0) for g in groups)
+    if total_shard:
+        lines += ["", "Share of the shards' tokens: " + ", ".join(
+            f"{_group_name(g)} {_pct(g['shards']['tokens'], total_shard)}" for g in groups if g.get("shards", {}).get("tokens"))]
+    cross = comp.get("cross_source_duplicates") or []
+    if cross:
+        lines += ["", "Duplicates across sources or languages (the removed copy's group, and the group that keeps it):", "",
+                  "| step | removed from | kept in | documents |", "|---|---|---|---:|"]
+        for c in cross[:30]:
+            lines.append(f"| {c['step']} | {_md_escape(c['removed_source'])} / {c['removed_language']} | "
+                         f"{_md_escape(c['kept_source'])} / {c['kept_language']} | {c['documents']:,} |")
+        if len(cross) > 30:
+            lines.append(f"| ({len(cross) - 30} more pairs in ledger.json) | | | |")
+    return lines + ["", f"({comp['note']}.)", ""]
+
+
 def _training(r: ReportInputs) -> list[str]:
     train = r.train
     if not train:
@@ -303,7 +344,7 @@ def _training(r: ReportInputs) -> list[str]:
 # run has nothing for it
 SECTIONS: tuple[Callable[[ReportInputs], list[str]], ...] = (
     _header, _sample, _documents, _stages, _removed, _filter_rules, _filter_overrides, _filter_by_lang, _filter_by_source, _quarantined,
-    _filtered_examples, _exact_duplicates, _near_duplicates, _tokenizer, _tokens_packing_shards, _training)
+    _filtered_examples, _exact_duplicates, _near_duplicates, _tokenizer, _tokens_packing_shards, _composition, _training)
 
 
 def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: Optional[dict]) -> str:
@@ -319,5 +360,5 @@ def write_report(out: Path, ledger: dict, stats: dict, extra: dict, seconds: dic
     text = render_report(ledger, stats, extra, seconds, train)
     path = Path(out) / "report.md"
     write_text_atomic(path, text)
-    write_text_atomic(Path(out) / "report.html", render_html(text, extra))
+    write_text_atomic(Path(out) / "report.html", render_html(text, extra, ledger=ledger))
     return path

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 from corpusmill.stages.base import write_json_atomic, write_text_atomic
 
 from . import __version__
+from .composition import build_composition
 from .config import Config
 from .engine import dask_client, progress_listener
 from .ledger import build_ledger, project_full_run
@@ -229,6 +230,9 @@ class Pipeline:
             "seconds_per_stage": self._seconds(),
             "resumed_stages": [n for n, r in self.results.items() if r.skipped],
         }
+        found = build_composition(self.rundir, self.stats, self._document_steps())
+        if found:
+            ledger["composition"] = found
         if self.cfg.input.sample < 1.0:
             ledger["sample"] = project_full_run(ledger, self.stats, self.cfg.input.sample, self.cfg.input.sample_seed,
                                                 n_workers=self.n_workers)

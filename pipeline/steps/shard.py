@@ -9,15 +9,30 @@ import shutil
 import time
 from pathlib import Path
 
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
 from dask import delayed
 
-from corpusmill.stages import manifest, shard
-from corpusmill.stages.base import write_json_atomic, write_text_atomic
+from corpusmill.stages import composition, manifest, shard
+from corpusmill.stages.base import write_json_atomic, write_table_atomic, write_text_atomic
 
 from .. import __version__
 from ..progress import utc_now
 from ..rundir import SHARDS_STAGING
 from ..step import PipelineError, Step, StepContext, StepResult
+
+
+SAMPLE_GROUPS = "sample_groups.parquet"  # each sample's (source, language) group, beside the MindRecord files
+
+
+def _nested(groups: list[dict]) -> dict:
+    """The manifest's group list as {source: {language: {tokens, samples}}} (the ledger's shape)."""
+    out: dict = {}
+    for g in groups:
+        out.setdefault(g["source"], {})[g["language"]] = {"tokens": g["tokens"], "samples": g["samples"]}
+    return out
 
 
 class ShardStep(Step):
@@ -63,7 +78,8 @@ class ShardStep(Step):
         files = [{"path": name, "rank": plan.file_of(i)[0] if sc.layout == "per_rank" else None, **w}
                  for i, (name, w) in enumerate(zip(names, written))]
         self._check_balance(files, plan, sc)
-        doc = self._publish(ctx, folder, staging, files, plan, labels)
+        mix = self._composition(ctx, parts, counts, plan, staging)
+        doc = self._publish(ctx, folder, staging, files, plan, labels, mix)
         return StepResult({
             "windows_in": total,
             "samples": plan.used,
@@ -78,10 +94,35 @@ class ShardStep(Step):
             "write_s": round(write_s, 3),
             "tokens": doc["total_tokens"],
             "bytes": sum(x["bytes"] for x in files),
+            **({"by_group": _nested(mix["groups"])} if mix else {}),
         })
 
+    def _composition(self, ctx: StepContext, parts: list[str], counts: list[int], plan: shard.ShardPlan,
+                     staging: Path) -> Optional[dict]:
+        """Tokens and samples per source and language in the shards (a sample counts for the group
+        holding most of its ids), and `sample_groups.parquet`: each sample's group, by file and row.
+        None when the packed windows carry no groups."""
+        names = ctx.stats(self.reads).get("group_names")
+        found = composition.shard_composition(parts, counts, ctx.cfg.shard.seed, plan.used) if names else None
+        if found is None:
+            return None
+        sample_group = found["sample_group"]
+        bounds = np.asarray(plan.file_bounds, np.int64)
+        pos = np.arange(plan.used, dtype=np.int64)
+        file_of = np.searchsorted(bounds, pos, side="right") - 1
+        write_table_atomic(pa.table({"file": pa.array(file_of.astype(np.int32)),
+                                     "row": pa.array(pos - bounds[file_of]),
+                                     "group": pa.array(sample_group.astype(np.int32))}), staging / SAMPLE_GROUPS)
+        groups = [{"group": c, "source": src, "language": lang,
+                   "tokens": int(found["tokens"][c]) if c < len(found["tokens"]) else 0,
+                   "samples": int(found["samples"][c]) if c < len(found["samples"]) else 0}
+                  for c, (src, lang) in enumerate(names)]
+        return {"groups": groups, "samples_file": SAMPLE_GROUPS,
+                "note": "a sample counts for the (source, language) holding most of its ids; "
+                        f"{SAMPLE_GROUPS} gives each sample's group by file (index into files) and row"}
+
     def _publish(self, ctx: StepContext, folder: Path, staging: Path, files: list[dict], plan: shard.ShardPlan,
-                 labels: bool) -> dict:
+                 labels: bool, mix: Optional[dict] = None) -> dict:
         """The tokenizer, the manifest and the mindformers snippet beside the written files, then
         `shards.tmp/` renamed to `shards/` (the folder, never a MindRecord file). Returns the manifest."""
         sc, window = ctx.cfg.shard, ctx.cfg.pack.seq_length + 1
@@ -92,7 +133,7 @@ class ShardStep(Step):
             tokenizer=tok.__dict__, add_bos=ctx.cfg.tokenizer.add_bos, add_eos=ctx.cfg.tokenizer.add_eos, labels=labels,
             pack_mode=ctx.cfg.pack.mode, layout=sc.layout, ranks=sc.ranks, files_per_rank=sc.files_per_rank,
             samples_per_rank=plan.per_rank, total_samples=plan.used, dropped=plan.dropped, repeated=plan.repeated,
-            remainder=sc.remainder, shuffle_seed=sc.seed, files=files)
+            remainder=sc.remainder, shuffle_seed=sc.seed, files=files, composition=mix)
         write_text_atomic(staging / "mindformers_train_dataset.yaml", shard.mindformers_snippet(
             str(folder.resolve()), sc.layout, window, ["input_ids", "labels"] if labels else ["input_ids"],
             tok.eos_id if ctx.cfg.pack.mode != "pad" and ctx.cfg.tokenizer.add_eos else None))

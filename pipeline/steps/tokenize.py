@@ -77,7 +77,7 @@ class TokenizeStep(Step):
         stats, _ = ctx.map_parts(self.reads, folder, tokenize.tokenize_batch,
                                  {"model_path": str(model_path), "add_bos": tc.add_bos, "add_eos": tc.add_eos,
                                   "batch_docs": tc.batch_docs}, reader="arrow", split_mb=TOKENIZE_SLICE_MB,
-                                 suffix=".arrow", columns=["uid", "text"])  # uncompressed Arrow IPC: 3x faster to write than zstd Parquet
+                                 suffix=".arrow", columns=["uid", "text", "source", "language"])  # uncompressed Arrow IPC: 3x faster to write than zstd Parquet
         stats["prepare_s"] = round(prepared - started, 3)  # sample, train or copy the model, checks
         stats["encode_s"] = round(time.perf_counter() - prepared, 3)
         return StepResult(stats, {"tokenizer": info})
@@ -181,8 +181,9 @@ class PackStep(Step):
         pc = ctx.cfg.pack
         parts = ctx.parts(self.reads)
         index = ctx.run([delayed(pack.document_index)(p, pc.seed) for p in parts], "pack: document order")
-        order = pack.document_order(index)
-        del index
+        pairs, codes = pack.global_codes(index)
+        order = pack.document_order(index, codes)
+        del index, codes
         groups = pack.plan_groups(order, window, pc.mode, PACK_GROUP_TOKENS)
         width = max(5, len(str(len(groups))))
         ctx.log(f"  pack: {len(order.length)} documents of {len(parts)} parts in a seeded order (seed {pc.seed}) -> "
@@ -199,6 +200,13 @@ class PackStep(Step):
             if gathered != stats["tokens_in"]:
                 raise PipelineError(f"pack: gathered {gathered} ids of {stats['tokens_in']} tokenized")
         stats.update(docs_in=len(order.length), order_seed=pc.seed, groups=len(groups))
+        tokens, samples = stats.pop("group_tokens", {}), stats.pop("group_samples", {})
+        if pairs:  # per (source, language): ids in the windows, and windows in which it holds the most ids
+            stats["by_group"] = {}
+            for c, (source, language) in enumerate(pairs):
+                stats["by_group"].setdefault(source, {})[language] = {"tokens": int(tokens.get(str(c), 0)),
+                                                                     "samples": int(samples.get(str(c), 0))}
+            stats["group_names"] = [list(p) for p in pairs]
         return stats
 
 
