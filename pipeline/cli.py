@@ -93,6 +93,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--checkpoint-every", type=int, metavar="N", help="write an atomic checkpoint every N steps")
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints, "
                        "at the exact next batch, with the optimizer state and learning-rate step restored")
+    train.add_argument("--validation", metavar="DIR", help="held-out shards with their own manifest (a run's "
+                       "shards-validation/): the validation loss every train.eval_every steps, in metrics.jsonl "
+                       "(val_loss) and summary.json (validation); default: the shards' sibling shards-validation/ "
+                       "when it exists")
     train.add_argument("--no-verify", dest="verify", action="store_false",
                        help="skip the start-up check of the shards' sizes and sha256, tokenizer and indexes against "
                        "manifest.json (the manifest itself and the files' presence are always checked)")
@@ -617,9 +621,13 @@ def _cmd_train(args) -> int:
              f"suggested: {result['suggested_lr']:.3g}")
         return 0
     out = args.out or str(Path(args.shards).resolve().parent / "train")
-    summary = train(args.shards, out, tcfg, log=_log, resume=args.resume, verify=args.verify)
+    sibling = Path(args.shards).resolve().parent / "shards-validation"
+    validation = args.validation or (str(sibling) if (sibling / "manifest.json").is_file() else None)
+    summary = train(args.shards, out, tcfg, log=_log, resume=args.resume, verify=args.verify, validation_dir=validation)
+    val = summary.get("validation")
     _log(f"training: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}; "
-         f"data wait {100 * summary['data_wait_share']:.1f}%; metrics in {Path(out) / 'metrics.jsonl'}")
+         + (f"validation loss {val['first_loss']:.3f} -> {val['last_loss']:.3f}; " if val and val["losses"] else "")
+         + f"data wait {100 * summary['data_wait_share']:.1f}%; metrics in {Path(out) / 'metrics.jsonl'}")
     return 0
 
 

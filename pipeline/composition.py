@@ -93,8 +93,12 @@ def build_composition(rundir: RunDir, stats: dict[str, dict], doc_steps: dict[st
             for key, c in passed.items():
                 entry(key)["steps"]["read"] = {"docs": c.get("docs", 0), "chars": c.get("chars", 0)}
         previous = step
-    for step, label in (("tokenize", "tokenized"), ("pack", "packed"), ("shard", "shards")):
-        for key, c in flatten(stats.get(step, {}).get("by_group", {})).items():
+    held_out = {"packed_validation": (stats.get("pack") or {}).get("validation") or {},
+                "shards_validation": (stats.get("shard") or {}).get("validation") or {}}
+    for step, label in (("tokenize", "tokenized"), ("pack", "packed"), ("shard", "shards"),
+                        ("packed_validation", "packed_validation"), ("shards_validation", "shards_validation")):
+        found = held_out[step] if step in held_out else stats.get(step, {})
+        for key, c in flatten(found.get("by_group", {})).items():
             entry(key)[label] = {k: int(v) for k, v in c.items() if k in ("docs", "chars", "tokens", "samples")}
     rows = sorted(groups.values(), key=lambda g: (-g["documents"], g["source"], g["language"]))
     return {

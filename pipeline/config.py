@@ -497,6 +497,14 @@ class ShardConfig(_Section):
     write_batch: int = Field(1000, ge=1000, le=1 << 20, description="Rows per FileWriter.write_raw_data call (at least 1000: fewer, larger calls write faster).")
 
 
+class SplitConfig(_Section):
+    validation: float = Field(0.0, ge=0, le=0.5, description="Share of the documents held out for validation (e.g. "
+                              "0.005), chosen by a seeded hash of each document's text, so the same documents are held "
+                              "out on every rerun and when documents are added; written as their own shards with their "
+                              "own manifest (DIR/shards-validation/). 0: no split. Needs pack.shuffle_documents.")
+    seed: int = Field(0, ge=0, le=MAX_SEED64, description="Seed of the validation split (0 to 2^64-1).")
+
+
 class ClusterConfig(_Section):
     address: Optional[str] = Field(None, description="Dask scheduler address (tcp://host:8786); null starts a LocalCluster.")
     n_workers: Optional[int] = Field(None, gt=0, le=MAX_WORKERS, description="LocalCluster worker processes; null = "
@@ -552,6 +560,11 @@ class TrainConfig(_Section):
     checkpoint_every: Optional[int] = Field(None, gt=0, le=MAX_STEPS, description="Write an atomic checkpoint every N steps (and at "
                                             "the end); `corpusmill train --resume` continues from the newest.")
     keep_checkpoints: int = Field(2, gt=0, le=10000, description="Checkpoints kept (the newest).")
+    eval_every: Optional[int] = Field(None, gt=0, le=MAX_STEPS, description="With validation shards (split.validation, "
+                                      "or `corpusmill train --validation DIR`): the validation loss every N steps and "
+                                      "after the last; null: every steps/10 steps (at least 1).")
+    eval_batches: int = Field(16, gt=0, le=1 << 20, description="Validation batches (of batch_size samples) per "
+                              "evaluation, at most the whole validation set; always the same ones.")
     model: ModelConfig = Field(default_factory=ModelConfig)
 
     @field_validator("num_parallel_workers")
@@ -571,6 +584,7 @@ class Config(_Section):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     pack: PackConfig = Field(default_factory=PackConfig)
     shard: ShardConfig = Field(default_factory=ShardConfig)
+    split: SplitConfig = Field(default_factory=SplitConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     migration_notes: list[str] = Field(default_factory=list, exclude=True, repr=False,
@@ -582,6 +596,13 @@ class Config(_Section):
         if v != CONFIG_VERSION:  # older versions are migrated before validation (see migrate_config)
             raise ValueError(f"this corpusmill reads config_version {CONFIG_VERSION}, not {v}")
         return v
+
+    @model_validator(mode="after")
+    def _split_needs_the_seeded_order(self) -> "Config":
+        if self.split.validation > 0 and not self.pack.shuffle_documents:
+            raise ValueError("split.validation needs pack.shuffle_documents: true (the split is made where the seeded "
+                             "document order is)")
+        return self
 
     def section_hash(self, *names: str, extra: Any = None) -> str:
         """A short stable hash of the named sections (a stage's identity for resume)."""

@@ -69,6 +69,11 @@ def build_ledger(stats: dict[str, dict], doc_stages: dict[str, str]) -> dict[str
         ledger["packing"] = {k: int(p[k]) for k in ("tokens_in", "tokens_kept", "windows", "docs_split", "docs_truncated",
                                                      "tokens_dropped", "pad_tokens")}
         ledger["packing"].update(mode=p["mode"], padding_share=round(float(p["padding_share"]), 6))
+    held_out = (stats.get("pack") or {}).get("validation")
+    if held_out is not None:  # kept documents held out for validation (split.validation): packed and sharded apart
+        ledger["validation"] = {"documents": int(held_out.get("docs_in", 0)), "tokens": int(held_out.get("tokens_in", 0)),
+                                "windows": int(held_out.get("windows", 0)),
+                                "samples": int(((stats.get("shard") or {}).get("validation") or {}).get("samples", 0))}
     if "shard" in stats:
         ledger["samples"] = int(stats["shard"]["samples"])
         ledger["samples_per_rank"] = int(stats["shard"]["samples_per_rank"])

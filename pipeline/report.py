@@ -285,6 +285,11 @@ def _tokens_packing_shards(r: ReportInputs) -> list[str]:
         lines += [f"- {s['samples']:,} samples in {s['files']} MindRecord files: {s['samples_per_rank']:,} per rank, "
                   f"{s['dropped_samples']:,} dropped so every rank holds the same count; {s['tokens']:,} tokens, "
                   f"{s['bytes'] / 1e6:.1f} MB (`shards/manifest.json`)"]
+    val = r.ledger.get("validation")
+    if val:
+        lines += [f"- held out for validation (split.validation): {val['documents']:,} documents, {val['tokens']:,} "
+                  f"tokens → {val['samples']:,} samples in `shards-validation/` (its own manifest); not in the training "
+                  "shards above"]
     return lines + [""]
 
 
@@ -337,7 +342,10 @@ def _training(r: ReportInputs) -> list[str]:
             f"- {train['steps']} steps on rank {train['rank']}: loss {train['first_loss']:.3f} → {train['last_loss']:.3f} "
             f"(mean of first/last 10%: {train['loss_start_mean']:.3f} → {train['loss_end_mean']:.3f})",
             f"- {train['tokens'] / max(train['wall_s'], 1e-9):,.0f} tokens/s; waiting for data "
-            f"{100 * train['data_wait_share']:.1f}% of the time; metrics in `train/metrics.jsonl`", ""]
+            f"{100 * train['data_wait_share']:.1f}% of the time; metrics in `train/metrics.jsonl`"] + (
+        [f"- validation loss {train['validation']['first_loss']:.3f} → {train['validation']['last_loss']:.3f} "
+         f"(every {train['validation']['every']} steps on {train['validation']['batches']} held-out batches)"]
+        if (train.get("validation") or {}).get("losses") else []) + [""]
 
 
 # report.md, top to bottom: each section returns its lines (ending in a blank one), or none when the

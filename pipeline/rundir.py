@@ -31,6 +31,7 @@ REMOVED = "removed"  # a step's audit rows: one row per document it removed, wit
 CONFIG_FILE = "config.yaml"
 LEDGER_FILE = "ledger.json"
 SHARDS_STAGING = "shards.tmp"  # MindRecord files are written here, then the folder is renamed to shards/
+VALIDATION_SHARDS = "shards-validation"  # the held-out split's own shards and manifest (split.validation)
 EXPORT_KEPT, EXPORT_REMOVED = "kept", "removed"  # what a dedup job hands over
 
 

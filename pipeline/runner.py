@@ -26,7 +26,7 @@ from .ledger import build_ledger, project_full_run
 from .plan import build_plan
 from .progress import RunProgress, utc_now
 from .report import write_report
-from .rundir import CONFIG_FILE, LEDGER_FILE, STAGE_DIRS, RunDir  # noqa: F401 - STAGE_DIRS: the run directory's names
+from .rundir import CONFIG_FILE, LEDGER_FILE, STAGE_DIRS, VALIDATION_SHARDS, RunDir  # noqa: F401 - STAGE_DIRS: the run directory's names
 from .step import PipelineError, Step, StepContext, StepResult
 
 Log = Callable[[str], None]
@@ -215,7 +215,9 @@ class Pipeline:
         self.log("[train] starting")
         self._progress("stage_started", "train")
         t0 = time.perf_counter()
-        summary = train(str(self.rundir.folder("shard")), str(self.out / "train"), self.cfg.train, log=self.log)
+        validation = self.rundir.file(VALIDATION_SHARDS)
+        summary = train(str(self.rundir.folder("shard")), str(self.out / "train"), self.cfg.train, log=self.log,
+                        validation_dir=str(validation) if validation.is_dir() else None)
         self._progress("stage_finished", "train", time.perf_counter() - t0)
         ledger["run"]["wall_s"] = time.perf_counter() - started
         return summary

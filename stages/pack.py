@@ -241,11 +241,21 @@ class DocumentOrder:
     code: Optional[np.ndarray] = None  # each document's (source, language) group (`global_codes`), -1: unknown
 
 
+def subset(entry: dict[str, Any], mask: np.ndarray) -> dict[str, Any]:
+    """A part's `document_index` for the documents where `mask` holds, remembering their rows in the part."""
+    rows = entry.get("row", np.arange(len(entry["uid"]), dtype=np.int64))
+    out = {k: (v[mask] if isinstance(v, np.ndarray) else v) for k, v in entry.items()}
+    out["row"] = rows[mask]
+    return out
+
+
 def document_order(index: list[dict[str, Any]], codes: Optional[list[np.ndarray]] = None) -> DocumentOrder:
-    """The documents of all parts (`document_index` per part, in part order) sorted by (key, uid)."""
+    """The documents of all parts (`document_index` per part, in part order, or a `subset` of it)
+    sorted by (key, uid)."""
     sizes = [len(x["uid"]) for x in index]
     part = np.repeat(np.arange(len(index), dtype=np.int32), sizes)
-    row = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes]) if index else np.empty(0, np.int64)
+    row = (np.concatenate([x.get("row", np.arange(n, dtype=np.int64)) for x, n in zip(index, sizes)]) if index
+           else np.empty(0, np.int64))
     cat = lambda k, dt: np.concatenate([x[k] for x in index]) if index else np.empty(0, dt)  # noqa: E731
     order = np.lexsort((cat("uid", np.int64), cat("key", np.uint64)))
     code = np.concatenate(codes)[order] if codes is not None and index else None

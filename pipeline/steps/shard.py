@@ -19,9 +19,11 @@ from corpusmill.stages import composition, manifest, shard
 from corpusmill.stages.base import write_json_atomic, write_table_atomic, write_text_atomic
 
 from .. import __version__
+from ..config import ShardConfig
 from ..progress import utc_now
-from ..rundir import SHARDS_STAGING
+from ..rundir import SHARDS_STAGING, VALIDATION_SHARDS
 from ..step import PipelineError, Step, StepContext, StepResult
+from .tokenize import VALIDATION
 
 
 SAMPLE_GROUPS = "sample_groups.parquet"  # each sample's (source, language) group, beside the MindRecord files
@@ -45,31 +47,49 @@ class ShardStep(Step):
                 f"{s['dropped_samples']} dropped), {s['bytes'] / 1e6:.1f} MB")
 
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
-        sc, window = ctx.cfg.shard, ctx.cfg.pack.seq_length + 1
+        validation = ctx.rundir.file(VALIDATION_SHARDS)
+        if validation.exists():  # never left from an earlier run: it would be trained against as this run's
+            shutil.rmtree(validation)
+        stats = self._write_set(ctx, ctx.parts(self.reads), folder, ctx.rundir.file(SHARDS_STAGING), ctx.cfg.shard, "shard")
+        held_out = ctx.rundir.folder(self.reads) / VALIDATION
+        val_parts = sorted(str(p) for p in held_out.glob("part-*.arrow")) if held_out.is_dir() else []
+        if val_parts:
+            # one rank, one file: any rank may evaluate on all of it
+            vc = ctx.cfg.shard.model_copy(update={"ranks": 1, "files_per_rank": 1, "layout": "per_rank",
+                                                  "remainder": "drop"})
+            staging = ctx.rundir.file(VALIDATION_SHARDS + ".tmp")
+            stats["validation"] = self._write_set(ctx, val_parts, validation, staging, vc, "shard validation")
+        elif ctx.cfg.split.validation > 0:
+            ctx.log("  shard: the validation split holds no complete window: no validation shards written")
+        return StepResult(stats)
+
+    def _write_set(self, ctx: StepContext, parts: list[str], folder: Path, staging: Path, sc: ShardConfig,
+                   label: str) -> dict:
+        """One set of shards (the training set, or the held-out validation set) written into `staging`
+        and renamed to `folder`, with its manifest. Returns its stats."""
+        window = ctx.cfg.pack.seq_length + 1
         labels = ctx.cfg.pack.mode != "concat"  # windows that can hold padding carry masked labels
-        parts = ctx.parts(self.reads)
         counts = [shard.count_windows(p) for p in parts]
         total = int(sum(counts))
         try:
             plan = shard.plan_shards(total, sc.ranks, sc.files_per_rank, sc.remainder)
         except shard.ShardError as e:
             raise PipelineError(str(e)) from None
-        staging = ctx.rundir.file(SHARDS_STAGING)
         if staging.exists():
             shutil.rmtree(staging)
         staging.mkdir()
         names = [shard.file_name(sc.layout, *plan.file_of(i), sc.files_per_rank, sc.ranks) for i in range(plan.files)]
         tasks = [delayed(shard.gather_and_write)(parts, counts, sc.seed, plan.file_bounds[i], plan.file_bounds[i + 1],
                                                  plan.used, str(staging / name), window, sc.write_batch, labels, sc.verify,
-                                                 dask_key_name=f"shard-write-{i}")
+                                                 dask_key_name=f"{label.replace(' ', '-')}-write-{i}")
                  for i, name in enumerate(names)]
         balance = (f"{plan.dropped} dropped" if sc.remainder == "drop" else f"{plan.repeated} repeated") + " for equal ranks"
-        ctx.log(f"  shard: {total} samples -> {sc.ranks} ranks x {plan.per_rank} samples ({balance}), "
+        ctx.log(f"  {label}: {total} samples -> {sc.ranks} ranks x {plan.per_rank} samples ({balance}), "
                 f"{plan.files} MindRecord files, layout {sc.layout}")
         setup_s = self._warm_up_writers(ctx)
         started = time.perf_counter()
         try:
-            written = ctx.run(tasks, f"shard: shuffle + write + {sc.verify} check")
+            written = ctx.run(tasks, f"{label}: shuffle + write + {sc.verify} check")
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)  # half-written MindRecord files are never resumed
             raise
@@ -78,9 +98,9 @@ class ShardStep(Step):
         files = [{"path": name, "rank": plan.file_of(i)[0] if sc.layout == "per_rank" else None, **w}
                  for i, (name, w) in enumerate(zip(names, written))]
         self._check_balance(files, plan, sc)
-        mix = self._composition(ctx, parts, counts, plan, staging)
-        doc = self._publish(ctx, folder, staging, files, plan, labels, mix)
-        return StepResult({
+        mix = self._composition(ctx, parts, counts, plan, staging, sc.seed)
+        doc = self._publish(ctx, folder, staging, files, plan, labels, sc, mix)
+        return {
             "windows_in": total,
             "samples": plan.used,
             "samples_per_rank": plan.per_rank,
@@ -95,15 +115,15 @@ class ShardStep(Step):
             "tokens": doc["total_tokens"],
             "bytes": sum(x["bytes"] for x in files),
             **({"by_group": _nested(mix["groups"])} if mix else {}),
-        })
+        }
 
     def _composition(self, ctx: StepContext, parts: list[str], counts: list[int], plan: shard.ShardPlan,
-                     staging: Path) -> Optional[dict]:
+                     staging: Path, seed: int) -> Optional[dict]:
         """Tokens and samples per source and language in the shards (a sample counts for the group
         holding most of its ids), and `sample_groups.parquet`: each sample's group, by file and row.
         None when the packed windows carry no groups."""
         names = ctx.stats(self.reads).get("group_names")
-        found = composition.shard_composition(parts, counts, ctx.cfg.shard.seed, plan.used) if names else None
+        found = composition.shard_composition(parts, counts, seed, plan.used) if names else None
         if found is None:
             return None
         sample_group = found["sample_group"]
@@ -122,10 +142,10 @@ class ShardStep(Step):
                         f"{SAMPLE_GROUPS} gives each sample's group by file (index into files) and row"}
 
     def _publish(self, ctx: StepContext, folder: Path, staging: Path, files: list[dict], plan: shard.ShardPlan,
-                 labels: bool, mix: Optional[dict] = None) -> dict:
+                 labels: bool, sc: ShardConfig, mix: Optional[dict] = None) -> dict:
         """The tokenizer, the manifest and the mindformers snippet beside the written files, then
         `shards.tmp/` renamed to `shards/` (the folder, never a MindRecord file). Returns the manifest."""
-        sc, window = ctx.cfg.shard, ctx.cfg.pack.seq_length + 1
+        window = ctx.cfg.pack.seq_length + 1
         tok = ctx.output("tokenize", "tokenizer")
         shutil.copyfile(tok.path, staging / "tokenizer.model")
         doc = manifest.build(

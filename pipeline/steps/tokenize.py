@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from dask import delayed
 
-from corpusmill.stages import pack, tokenize
+from corpusmill.stages import mixing, pack, tokenize
 from corpusmill.stages.base import merge_stats, write_table_atomic
 
 from ..config import Config
@@ -22,6 +22,7 @@ from ..step import PipelineError, Step, StepContext, StepResult
 TOKENIZE_SLICE_MB = 2  # tokenizing is the slowest step: slices this size keep every worker busy to the end
 CHECK_SAMPLE_DOCS = 200  # documents the tokenizer checks (unknown-token rate, round trip) look at
 MODEL_FILE = "tokenizer.model"
+VALIDATION = "validation"  # the pack step's subfolder of held-out windows (split.validation)
 
 
 @dataclass
@@ -138,6 +139,10 @@ class PackStep(Step):
 
     name = "pack"
     config_sections = ("pack",)
+
+    def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
+        """The validation split joins the link only when used, so a run without it resumes as before."""
+        return [previous, cfg.split.model_dump(mode="json")] if cfg.split.validation > 0 else previous
     counters = ("mode", "tokens_in", "windows", "docs_split", "docs_truncated", "tokens_dropped", "pad_tokens",
                 "padding_share")
 
@@ -177,20 +182,48 @@ class PackStep(Step):
         return stats
 
     def _pack_shuffled(self, ctx: StepContext, folder: Path, window: int, pad_id: int) -> dict:
-        """The corpus's documents in the seeded order, packed group by group (see the class)."""
-        pc = ctx.cfg.pack
+        """The corpus's documents in the seeded order, packed group by group (see the class). With
+        `split.validation`, the held-out documents are packed apart into `validation/`."""
+        pc, share = ctx.cfg.pack, ctx.cfg.split.validation
         parts = ctx.parts(self.reads)
         index = ctx.run([delayed(pack.document_index)(p, pc.seed) for p in parts], "pack: document order")
         pairs, codes = pack.global_codes(index)
+        held_out = None
+        if share > 0:
+            if any("doc_hash" not in x for x in index):
+                raise PipelineError("pack: split.validation needs the tokenized parts' doc_hash column (rerun tokenize)")
+            masks = [mixing.validation_mask(x["doc_hash"], share, ctx.cfg.split.seed) for x in index]
+            held_out = ([pack.subset(x, m) for x, m in zip(index, masks)], [c[m] for c, m in zip(codes, masks)])
+            index = [pack.subset(x, ~m) for x, m in zip(index, masks)]
+            codes = [c[~m] for c, m in zip(codes, masks)]
         order = pack.document_order(index, codes)
         del index, codes
+        if not len(order.length):
+            raise PipelineError(f"pack: no document is left for training after holding out split.validation {share}")
+        stats = self._pack_order(ctx, folder, parts, order, pairs, window, pad_id, "pack")
+        if held_out is not None:
+            val_order = pack.document_order(*held_out)
+            val_folder = folder / VALIDATION
+            val_folder.mkdir()
+            stats["validation"] = self._pack_order(ctx, val_folder, parts, val_order, pairs, window, pad_id,
+                                                   "pack validation") if len(val_order.length) else {"docs_in": 0}
+            v = stats["validation"]
+            ctx.log(f"  pack: validation split {share:g} (seed {ctx.cfg.split.seed}): {v['docs_in']} documents held out"
+                    + (f", {v['tokens_in']} tokens -> {v['windows']} windows" if v["docs_in"] else ""))
+        return stats
+
+    def _pack_order(self, ctx: StepContext, folder: Path, parts: list[str], order: pack.DocumentOrder,
+                    pairs: list, window: int, pad_id: int, label: str) -> dict:
+        """Pack one ordered stream of documents into `folder` (the training set, or the validation set)."""
+        pc = ctx.cfg.pack
         groups = pack.plan_groups(order, window, pc.mode, PACK_GROUP_TOKENS)
         width = max(5, len(str(len(groups))))
-        ctx.log(f"  pack: {len(order.length)} documents of {len(parts)} parts in a seeded order (seed {pc.seed}) -> "
+        ctx.log(f"  {label}: {len(order.length)} documents of {len(parts)} parts in a seeded order (seed {pc.seed}) -> "
                 f"{len(groups)} groups of about {PACK_GROUP_TOKENS:,} ids")
         results = ctx.run([delayed(_timed)(pack.pack_group, parts, g, window, pc.mode, pc.remainder, pad_id,
-                                           str(folder / f"part-{i:0{width}d}.arrow"), dask_key_name=f"pack-group-{i}")
-                           for i, g in enumerate(groups)], "pack: gather + pack")
+                                           str(folder / f"part-{i:0{width}d}.arrow"),
+                                           dask_key_name=f"{label.replace(' ', '-')}-group-{i}")
+                           for i, g in enumerate(groups)], f"{label}: gather + pack")
         stats: dict = {"windows": 0, "tokens_dropped": 0, "pad_tokens": 0, "docs_split": 0, "docs_truncated": 0}
         for r in results:
             merge_stats(stats, r)
@@ -198,8 +231,9 @@ class PackStep(Step):
             gathered = stats.pop("ids", 0)
             stats.update(pack.concat_stats(order.length, window))
             if gathered != stats["tokens_in"]:
-                raise PipelineError(f"pack: gathered {gathered} ids of {stats['tokens_in']} tokenized")
+                raise PipelineError(f"{label}: gathered {gathered} ids of {stats['tokens_in']} tokenized")
         stats.update(docs_in=len(order.length), order_seed=pc.seed, groups=len(groups))
+        stats["tokens_kept"] = stats["tokens_in"] - stats["tokens_dropped"]
         tokens, samples = stats.pop("group_tokens", {}), stats.pop("group_samples", {})
         if pairs:  # per (source, language): ids in the windows, and windows in which it holds the most ids
             stats["by_group"] = {}
