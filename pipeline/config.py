@@ -505,6 +505,68 @@ class SplitConfig(_Section):
     seed: int = Field(0, ge=0, le=MAX_SEED64, description="Seed of the validation split (0 to 2^64-1).")
 
 
+class MixMatch(_Section):
+    """Which documents a mixture rule takes: every condition given must hold."""
+
+    source: Optional[list[str]] = Field(None, description="Glob patterns (fnmatch, case-sensitive) over the document's "
+                                        "source field; one pattern or a list, any of them matching.")
+    path: Optional[list[str]] = Field(None, description="Glob patterns over the input file the document came from "
+                                      "(as given or found under input.paths); any of them matching.")
+    language: Optional[list[Literal["zh", "en", "other"]]] = Field(
+        None, description="The document's language column (zh: CJK at least filter.scripts.cjk_share of the letters; "
+        "en: Latin at least half; other).")
+
+    @field_validator("source", "path", "language", mode="before")
+    @classmethod
+    def _one_or_list(cls, v: Any) -> Any:
+        return _as_list(v)
+
+    @model_validator(mode="after")
+    def _some_condition(self) -> "MixMatch":
+        if not any(getattr(self, k) for k in type(self).model_fields):
+            raise ValueError("a mix rule's match needs at least one of source, path, language")
+        for k in ("source", "path"):
+            if getattr(self, k) is not None and (not getattr(self, k) or any(not p for p in getattr(self, k))):
+                raise ValueError(f"match.{k}: give one or more non-empty glob patterns")
+        return self
+
+    def label(self) -> str:
+        return ",".join(f"{k}={'|'.join(v)}" for k, v in self.model_dump().items() if v)
+
+
+class MixRule(_Section):
+    name: Optional[str] = Field(None, min_length=1, max_length=200, description="Shown in the report; null: made from "
+                                "the match.")
+    match: MixMatch
+    weight: Optional[float] = Field(None, gt=0, description="Share of the output tokens, relative to the other weighted "
+                                    "rules (documents of an epochs/tokens rule that also match count toward it).")
+    tokens: Optional[int] = Field(None, gt=0, description="A token budget: exactly this many tokens (to one document).")
+    epochs: Optional[float] = Field(None, gt=0, description="Its tokens times this (2: every document twice; 0.5: a "
+                                    "seeded half).")
+    max_epochs: float = Field(1.0, gt=0, description="Cap on repetition for weight and tokens: at most this many "
+                              "copies of the rule's tokens (1: never repeated; the report shows a shortfall instead).")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "MixRule":
+        given = [k for k in ("weight", "tokens", "epochs") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of weight, tokens, epochs (got {', '.join(given) or 'none'})")
+        return self
+
+    def label(self) -> str:
+        return self.name if self.name is not None else self.match.label()
+
+
+class MixConfig(_Section):
+    sources: list[MixRule] = Field(default_factory=list, description="Rules in order; a document belongs to the first "
+                                   "rule it matches. Empty: no mixing (every kept document once).")
+    rest: Literal["keep", "drop"] = Field("keep", description="Documents no rule matches: kept once, or left out.")
+    total_tokens: Optional[int] = Field(None, gt=0, description="Output tokens in all; null: the largest total that "
+                                        "no weighted rule's max_epochs forbids.")
+    seed: int = Field(0, ge=0, le=MAX_SEED64, description="Seed of the draws (which documents fill a fraction of an "
+                      "epoch), by a hash of each document's text.")
+
+
 class ClusterConfig(_Section):
     address: Optional[str] = Field(None, description="Dask scheduler address (tcp://host:8786); null starts a LocalCluster.")
     n_workers: Optional[int] = Field(None, gt=0, le=MAX_WORKERS, description="LocalCluster worker processes; null = "
@@ -585,6 +647,7 @@ class Config(_Section):
     pack: PackConfig = Field(default_factory=PackConfig)
     shard: ShardConfig = Field(default_factory=ShardConfig)
     split: SplitConfig = Field(default_factory=SplitConfig)
+    mix: MixConfig = Field(default_factory=MixConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     migration_notes: list[str] = Field(default_factory=list, exclude=True, repr=False,
@@ -602,6 +665,9 @@ class Config(_Section):
         if self.split.validation > 0 and not self.pack.shuffle_documents:
             raise ValueError("split.validation needs pack.shuffle_documents: true (the split is made where the seeded "
                              "document order is)")
+        if self.mix.sources and not self.pack.shuffle_documents:
+            raise ValueError("mix needs pack.shuffle_documents: true (the mixture is drawn where the seeded document "
+                             "order is)")
         return self
 
     def section_hash(self, *names: str, extra: Any = None) -> str:

@@ -334,6 +334,35 @@ def _composition(r: ReportInputs) -> list[str]:
     return lines + ["", f"({comp['note']}.)", ""]
 
 
+def _mixture(r: ReportInputs) -> list[str]:
+    """mix: per rule what was asked for and delivered, what was repeated and what was left out."""
+    mix = r.ledger.get("mix")
+    if not mix:
+        return []
+    lines = ["## Mixture", "",
+             f"{mix['tokens_delivered']:,} tokens drawn from {mix['tokens_available']:,} available: "
+             f"{mix['documents_drawn']:,} of {mix['documents']:,} documents, **{mix['repeated_copies']:,} repeated "
+             f"copies**, {mix['documents_left_out']:,} left out (check: {mix['documents']:,} = "
+             f"{mix['documents_drawn']:,} drawn + {mix['documents_left_out']:,} left out; {mix['copies']:,} copies = "
+             f"{mix['documents_drawn']:,} + {mix['repeated_copies']:,} repeated).", "",
+             "| rule | asks | share asked | share delivered | tokens asked | tokens delivered | epochs | documents "
+             "drawn / available | repeated copies | left out |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for x in mix["rules"]:
+        lines.append(f"| {_md_escape(x['rule'])} | {x['kind']} {x['value']:g}"
+                     + (f" (max_epochs {x['max_epochs']:g})" if x["kind"] != "epochs" else "")
+                     + f" | {100 * x['share_asked']:.2f}% | {100 * x['share_delivered']:.2f}% | {x['tokens_asked']:,} | "
+                     f"{x['tokens_delivered']:,} | {x['epochs_delivered']:.2f} | {x['documents_drawn']:,} / "
+                     f"{x['documents']:,} | {x['repeated_copies']:,} | {x['documents_left_out']:,} |")
+    rest = mix["rest"]
+    lines.append(f"| (no rule: {rest['policy']}) | | | {100 * rest['share_delivered']:.2f}% | | "
+                 f"{rest['tokens_delivered']:,} | | {rest['documents'] if rest['policy'] == 'keep' else 0:,} / "
+                 f"{rest['documents']:,} | 0 | {0 if rest['policy'] == 'keep' else rest['documents']:,} |")
+    return lines + ["", "(Shares are of the tokens drawn, before packing; a weighted rule counts the documents of an "
+                    "epochs/tokens rule that also match it. The shards' shares per source and language are under "
+                    "'By source and language'.)", ""]
+
+
 def _training(r: ReportInputs) -> list[str]:
     train = r.train
     if not train:
@@ -352,7 +381,7 @@ def _training(r: ReportInputs) -> list[str]:
 # run has nothing for it
 SECTIONS: tuple[Callable[[ReportInputs], list[str]], ...] = (
     _header, _sample, _documents, _stages, _removed, _filter_rules, _filter_overrides, _filter_by_lang, _filter_by_source, _quarantined,
-    _filtered_examples, _exact_duplicates, _near_duplicates, _tokenizer, _tokens_packing_shards, _composition, _training)
+    _filtered_examples, _exact_duplicates, _near_duplicates, _tokenizer, _tokens_packing_shards, _mixture, _composition, _training)
 
 
 def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: Optional[dict]) -> str:

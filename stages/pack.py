@@ -249,6 +249,25 @@ def subset(entry: dict[str, Any], mask: np.ndarray) -> dict[str, Any]:
     return out
 
 
+def with_copies(entry: dict[str, Any], copies: np.ndarray) -> dict[str, Any]:
+    """A part's `document_index` with each document `copies[i]` times (0: left out). A repeated copy
+    gets its own order key (a hash of the key and the copy's number), so its copies land apart."""
+    rows = entry.get("row", np.arange(len(entry["uid"]), dtype=np.int64))
+    copies = np.asarray(copies, np.int64)
+    out = {k: (np.repeat(v, copies) if isinstance(v, np.ndarray) else v) for k, v in entry.items()}
+    out["row"] = np.repeat(rows, copies)
+    nth = np.arange(int(copies.sum()), dtype=np.int64) - np.repeat(np.cumsum(copies) - copies, copies)
+    key = out["key"].copy()
+    again = nth > 0
+    if again.any():
+        from .mixing import _mix64
+
+        with np.errstate(over="ignore"):
+            key[again] = _mix64(key[again] ^ (nth[again].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
+    out["key"] = key
+    return out
+
+
 def document_order(index: list[dict[str, Any]], codes: Optional[list[np.ndarray]] = None) -> DocumentOrder:
     """The documents of all parts (`document_index` per part, in part order, or a `subset` of it)
     sorted by (key, uid)."""

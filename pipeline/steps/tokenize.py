@@ -141,8 +141,14 @@ class PackStep(Step):
     config_sections = ("pack",)
 
     def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
-        """The validation split joins the link only when used, so a run without it resumes as before."""
-        return [previous, cfg.split.model_dump(mode="json")] if cfg.split.validation > 0 else previous
+        """The validation split and the mixture join the link only when used, so a run without them
+        resumes as before."""
+        extra = {}
+        if cfg.split.validation > 0:
+            extra["split"] = cfg.split.model_dump(mode="json")
+        if cfg.mix.sources:
+            extra["mix"] = cfg.mix.model_dump(mode="json")
+        return [previous, extra] if extra else previous
     counters = ("mode", "tokens_in", "windows", "docs_split", "docs_truncated", "tokens_dropped", "pad_tokens",
                 "padding_share")
 
@@ -196,11 +202,16 @@ class PackStep(Step):
             held_out = ([pack.subset(x, m) for x, m in zip(index, masks)], [c[m] for c, m in zip(codes, masks)])
             index = [pack.subset(x, ~m) for x, m in zip(index, masks)]
             codes = [c[~m] for c, m in zip(codes, masks)]
+        mixed = None
+        if ctx.cfg.mix.sources:
+            index, codes, mixed = self._mix(ctx, index, codes, pairs)
         order = pack.document_order(index, codes)
         del index, codes
         if not len(order.length):
             raise PipelineError(f"pack: no document is left for training after holding out split.validation {share}")
         stats = self._pack_order(ctx, folder, parts, order, pairs, window, pad_id, "pack")
+        if mixed is not None:
+            stats["mix"] = mixed
         if held_out is not None:
             val_order = pack.document_order(*held_out)
             val_folder = folder / VALIDATION
@@ -211,6 +222,37 @@ class PackStep(Step):
             ctx.log(f"  pack: validation split {share:g} (seed {ctx.cfg.split.seed}): {v['docs_in']} documents held out"
                     + (f", {v['tokens_in']} tokens -> {v['windows']} windows" if v["docs_in"] else ""))
         return stats
+
+    def _mix(self, ctx: StepContext, index: list[dict], codes: list[np.ndarray],
+             pairs: list) -> tuple[list[dict], list[np.ndarray], dict]:
+        """`mix:` applied to the training documents: each one's copies (0: left out, 2+: repeated), drawn
+        in the driver from the index alone; returns the index with the copies, their codes, and what
+        each rule asked for and got."""
+        from corpusmill.stages import read
+
+        mc = ctx.cfg.mix
+        if any("doc_hash" not in x for x in index):
+            raise PipelineError("pack: mix needs the tokenized parts' doc_hash column (rerun tokenize)")
+        sizes = [len(x["uid"]) for x in index]
+        cat = lambda k, dt: np.concatenate([x[k] for x in index]) if index else np.empty(0, dt)  # noqa: E731
+        uids, tokens, hashes = cat("uid", np.int64), cat("n_tokens", np.int64), cat("doc_hash", np.uint64)
+        all_codes = np.concatenate(codes) if codes else np.empty(0, np.int32)
+        paths = [read.display_path(f) for f in read.expand_inputs(ctx.cfg.input.paths)]
+        rules = [{"name": r.label(), **r.match.model_dump(), "weight": r.weight, "tokens": r.tokens, "epochs": r.epochs,
+                  "max_epochs": r.max_epochs} for r in mc.sources]
+        owner, home = mixing.match_rules(pairs, all_codes, (uids >> 32).astype(np.int64), paths, rules)
+        copies, summary = mixing.plan_mix(tokens, hashes, owner, home, rules, mc.rest, mc.total_tokens, mc.seed)
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        out_index, out_codes = [], []
+        for i, x in enumerate(index):
+            c = copies[bounds[i]:bounds[i + 1]]
+            out_index.append(pack.with_copies(x, c))
+            out_codes.append(np.repeat(codes[i], c))
+        for r in summary["rules"]:
+            ctx.log(f"  pack: mix {r['rule']}: {r['kind']} {r['value']:g} -> {r['tokens_delivered']:,} tokens "
+                    f"({100 * r['share_delivered']:.2f}% delivered, {100 * r['share_asked']:.2f}% asked); "
+                    f"{r['documents_drawn']:,} of {r['documents']:,} documents, {r['repeated_copies']:,} repeated copies")
+        return out_index, out_codes, summary
 
     def _pack_order(self, ctx: StepContext, folder: Path, parts: list[str], order: pack.DocumentOrder,
                     pairs: list, window: int, pad_id: int, label: str) -> dict:
