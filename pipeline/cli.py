@@ -64,6 +64,12 @@ def _add_dedup(sub: argparse._SubParsersAction) -> None:
     dedup.add_argument("--keep", help="which document of a near-duplicate cluster is kept: lowest_uid (default), "
                        "longest, or field:NAME[:min] (largest value of input field NAME, e.g. field:date for the newest; "
                        "documents without it lose, and an input where none has it is an error)")
+    dedup.add_argument("--against", action="append", metavar="RUN_DIR", default=[],
+                       help="an earlier run (written with --write-index) whose documents count as already kept: "
+                       "documents here that duplicate them are removed, duplicate_of naming that run and its kept "
+                       "document (dedup.reference; repeat for several runs)")
+    dedup.add_argument("--write-index", action="store_true", help="write DIR/04b-dedup_index/ so a later run can "
+                       "dedup --against this one (dedup.write_index)")
     dedup.add_argument("--format", choices=["parquet", "jsonl"], default="parquet", help="format of DIR/kept/ (default parquet)")
     dedup.add_argument("--config", help="YAML config: its input (fields), normalize, dedup and cluster sections apply")
     dedup.add_argument("--resume", action="store_true", help="skip stages finished by an earlier run into --out")
@@ -566,6 +572,10 @@ def _cmd_dedup(args) -> int:
         cfg.dedup.keep = policy
     if args.sample is not None:
         cfg.input.sample = args.sample
+    if args.against:
+        cfg.dedup.reference = list(cfg.dedup.reference) + list(args.against)
+    if args.write_index:
+        cfg.dedup.write_index = True
     cfg = parse_config(cfg.model_dump(mode="json"), "command line")  # re-validate the combination
     if args.scheduler:
         cfg.cluster.address = args.scheduler
@@ -576,7 +586,7 @@ def _cmd_dedup(args) -> int:
     _log("== corpusmill dedup summary ==")
     _log(f"documents: input {led['input']:,} = kept {led['kept']:,} + duplicates {led['duplicates']:,} + "
          f"quarantined {led['quarantined']:,}  (balanced)")
-    for name in ("exact_dedup", "near_dedup"):
+    for name in ("reference_dedup", "exact_dedup", "near_dedup"):
         if name in led["stages"]:
             removed = ", ".join(f"{k} {v:,}" for k, v in sorted(led["stages"][name]["removed"].items())) or "none"
             _log(f"  {name:<12} removed: {removed}")

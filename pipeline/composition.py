@@ -21,6 +21,8 @@ from corpusmill.stages.composition import UNKNOWN, flatten
 from .ledger import DUPLICATES, LedgerError
 from .rundir import RunDir
 
+EARLIER_RUN = "(an earlier run)"  # the group keeping a document removed by dedup.reference
+
 
 def _index(rundir: RunDir) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The read step's documents sorted by uid: (uids, sources, languages)."""
@@ -128,8 +130,9 @@ def _removed_rows(step: str, kind: str, files: list[str], index: tuple, entry, c
     dup_of = table.column("duplicate_of").to_numpy(zero_copy_only=False)
     has = ~np.isnan(dup_of) if dup_of.dtype.kind == "f" else np.ones(len(dup_of), bool)
     ksrc, klang = _lookup(index, np.where(has, dup_of, -1).astype(np.int64))
-    ksrc = np.where(has, ksrc, UNKNOWN)
-    klang = np.where(has, klang, UNKNOWN)
+    earlier = np.char.endswith(reason.astype(str), "_earlier_run")  # kept by an earlier run (dedup.reference)
+    ksrc = np.where(has & ~earlier, ksrc, np.where(earlier, EARLIER_RUN, UNKNOWN))
+    klang = np.where(has & ~earlier, klang, np.where(earlier, "-", UNKNOWN))
     other = (ksrc != src) | (klang != lang)
     for i in np.flatnonzero(other):
         pair = (step, str(src[i]), str(lang[i]), str(ksrc[i]), str(klang[i]))

@@ -416,6 +416,14 @@ class DedupConfig(_Section):
         "lowest_uid", description="Which document of a near-duplicate cluster is kept (ties: lowest uid)."
     )
     keep_field: Optional[str] = Field(None, description="With keep: field, the input field compared (e.g. a date).")
+    reference: list[str] = Field(default_factory=list, description="Earlier run directories (written with write_index) "
+                                 "whose documents count as already kept: a document duplicating one of them (exact, or "
+                                 "MinHash near at minhash.threshold by the signatures' estimate) is removed with "
+                                 "duplicate_of naming that run and the kept document's id. The earlier runs are only "
+                                 "read, and their hashes and signatures are reused, not recomputed.")
+    write_index: bool = Field(False, description="Write DIR/dedup-index/: this run's exact hashes, which document kept "
+                              "each removed one, and where its MinHash signatures are, so a later run can name this "
+                              "one in dedup.reference (corpusmill dedup --against DIR).")
     keep_order: Literal["max", "min"] = Field("max", description="With keep: field, keep the largest (newest) or smallest value.")
     components_memory_mb: int = Field(
         512, ge=0, le=MAX_MEMORY_MB, description="Connected components run in memory below this edge-list size, distributed on Dask above."
@@ -671,14 +679,21 @@ class Config(_Section):
         return self
 
     def section_hash(self, *names: str, extra: Any = None) -> str:
-        """A short stable hash of the named sections (a stage's identity for resume)."""
+        """A short stable hash of the named sections (a stage's identity for resume). Keys added later
+        join the hash only when set, so an older run's steps still resume."""
         payload = {n: getattr(self, n).model_dump(mode="json") for n in names}
+        for (section, key), default in _HASHED_WHEN_SET.items():
+            if section in payload and payload[section].get(key) == default:
+                payload[section].pop(key)
         payload["_extra"] = extra
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+_HASHED_WHEN_SET: dict[tuple[str, str], Any] = {("dedup", "reference"): [], ("dedup", "write_index"): False}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

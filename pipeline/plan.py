@@ -9,6 +9,7 @@ from .config import Config
 from .step import Step
 from .steps.dedup.exact import ExactDedupStep
 from .steps.dedup.near import NearDedupStep
+from .steps.dedup.reference import DedupIndexStep, ReferenceDedupStep
 from .steps.export import ExportStep
 from .steps.filter import FilterStep, NormalizeStep
 from .steps.read import ReadStep
@@ -50,11 +51,18 @@ def build_plan(cfg: Config, job: str) -> Plan:
     if job == "run":
         steps += [NormalizeStep(reads="read"), FilterStep(reads="normalize")]
     normalize_opts = cfg.normalize.model_dump() if job == "dedup" else None
+    if cfg.dedup.reference:
+        steps.append(ReferenceDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
+    exact_reads = steps[-1].name if cfg.dedup.exact else None
     if cfg.dedup.exact:
         steps.append(ExactDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
     if cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled:
         steps.append(NearDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
     last_documents = steps[-1].name
+    if cfg.dedup.write_index:
+        near = cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled
+        steps.append(DedupIndexStep(reads=last_documents, exact_reads=exact_reads, near=near,
+                                    normalize_opts=normalize_opts))
     if job == "dedup":
         return Plan(job, steps + [ExportStep(reads=last_documents)], train=False)
     steps += [TokenizeStep(reads=last_documents), PackStep(reads="tokenize"), ShardStep(reads="pack")]
