@@ -513,6 +513,27 @@ class SplitConfig(_Section):
     seed: int = Field(0, ge=0, le=MAX_SEED64, description="Seed of the validation split (0 to 2^64-1).")
 
 
+class EvalSetConfig(_Section):
+    name: str = Field(..., min_length=1, max_length=200, description="The set's name in the removed rows (eval_item "
+                      "is NAME:id) and the report.")
+    path: str = Field(..., min_length=1, description="A JSONL file of evaluation items (one JSON object a line).")
+    fields: list[str] = Field(default_factory=lambda: ["question", "answer"], min_length=1,
+                              description="The fields whose text an item is (joined); a missing field is skipped.")
+    id_field: Optional[str] = Field("id", description="The field naming an item (null, or absent in an item: its line number).")
+
+
+class DecontaminateConfig(_Section):
+    sets: list[EvalSetConfig] = Field(default_factory=list, description="Evaluation sets; a document sharing one "
+                                      "word_ngram-word or cjk_ngram-character n-gram with any item is removed "
+                                      "(reason decontaminated, removed rows' eval_item naming the set and item). "
+                                      "Empty: no decontamination.")
+    word_ngram: int = Field(13, ge=3, le=MAX_NGRAM, description="Words per n-gram for Latin text (words: letters and "
+                            "digits between spaces, punctuation, symbols and CJK characters).")
+    cjk_ngram: int = Field(25, ge=5, le=MAX_NGRAM, description="Characters per n-gram for CJK text (a document's CJK "
+                           "characters in order, everything else left out).")
+    lowercase: bool = Field(True, description="Compare words lowercased.")
+
+
 class MixMatch(_Section):
     """Which documents a mixture rule takes: every condition given must hold."""
 
@@ -654,6 +675,7 @@ class Config(_Section):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     pack: PackConfig = Field(default_factory=PackConfig)
     shard: ShardConfig = Field(default_factory=ShardConfig)
+    decontaminate: DecontaminateConfig = Field(default_factory=DecontaminateConfig)
     split: SplitConfig = Field(default_factory=SplitConfig)
     mix: MixConfig = Field(default_factory=MixConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)

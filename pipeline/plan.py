@@ -10,6 +10,7 @@ from .step import Step
 from .steps.dedup.exact import ExactDedupStep
 from .steps.dedup.near import NearDedupStep
 from .steps.dedup.reference import DedupIndexStep, ReferenceDedupStep
+from .steps.decontaminate import DecontaminateStep
 from .steps.export import ExportStep
 from .steps.filter import FilterStep, NormalizeStep
 from .steps.read import ReadStep
@@ -58,6 +59,8 @@ def build_plan(cfg: Config, job: str) -> Plan:
         steps.append(ExactDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
     if cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled:
         steps.append(NearDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
+    if job == "run" and cfg.decontaminate.sets:
+        steps.append(DecontaminateStep(reads=steps[-1].name))
     last_documents = steps[-1].name
     if cfg.dedup.write_index:
         near = cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled

@@ -334,6 +334,24 @@ def _composition(r: ReportInputs) -> list[str]:
     return lines + ["", f"({comp['note']}.)", ""]
 
 
+def _decontamination(r: ReportInputs) -> list[str]:
+    """decontaminate: the evaluation sets, their n-grams and the documents each one removed."""
+    d = r.stats.get("decontaminate")
+    if not d:
+        return []
+    per_set = d.get("by_eval_set") or {}
+    sets = (r.extra.get("decontaminate") or {}).get("eval_sets") or {}
+    lines = ["## Decontamination", "",
+             f"{d.get('eval_items', 0):,} evaluation items → {d.get('eval_ngrams', 0):,} distinct n-grams "
+             f"({d.get('eval_items_too_short', 0):,} items too short to hold one); "
+             f"{(d.get('removed') or {}).get('decontaminated', 0):,} documents removed "
+             "(`04c-decontaminate/removed/`, column eval_item = set:id).", "",
+             "| evaluation set | file | documents removed |", "|---|---|---:|"]
+    for name, path in sets.items():
+        lines.append(f"| {_md_escape(name)} | `{_md_escape(path)}` | {per_set.get(name, 0):,} |")
+    return lines + [""]
+
+
 def _mixture(r: ReportInputs) -> list[str]:
     """mix: per rule what was asked for and delivered, what was repeated and what was left out."""
     mix = r.ledger.get("mix")
@@ -381,7 +399,7 @@ def _training(r: ReportInputs) -> list[str]:
 # run has nothing for it
 SECTIONS: tuple[Callable[[ReportInputs], list[str]], ...] = (
     _header, _sample, _documents, _stages, _removed, _filter_rules, _filter_overrides, _filter_by_lang, _filter_by_source, _quarantined,
-    _filtered_examples, _exact_duplicates, _near_duplicates, _tokenizer, _tokens_packing_shards, _mixture, _composition, _training)
+    _filtered_examples, _exact_duplicates, _near_duplicates, _decontamination, _tokenizer, _tokens_packing_shards, _mixture, _composition, _training)
 
 
 def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: Optional[dict]) -> str:

@@ -24,6 +24,7 @@ STAGE_DIRS = {
     "exact_dedup": "03-exact_dedup",
     "near_dedup": "04-near_dedup",
     "dedup_index": "04b-dedup_index",
+    "decontaminate": "04c-decontaminate",
     "tokenize": "05-tokenize",
     "pack": "06-pack",
     "shard": "shards",

@@ -66,8 +66,14 @@ def test_mix_budget_beyond_its_cap_is_a_reported_shortfall_not_a_silent_repeat()
 def mixed_run(tmp_path_factory, dask_client):
     root = tmp_path_factory.mktemp("mix")
     build_corpus(root / "corpus")
+    originals = [json.loads(x) for x in (root / "corpus" / "a.jsonl").read_text().splitlines()
+                 if x.startswith('{"id": "o')]
+    planted = {o["id"]: o["text"] for o in originals if o["id"] in ("o3", "o8")}  # an English and a Chinese one
+    (root / "eval.jsonl").write_text("".join(json.dumps({"qid": f"q-{k}", "question": t[:200], "answer": "A"},
+                                                        ensure_ascii=False) + "\n" for k, t in planted.items()))
     cfg = e2e_config(root / "corpus", split={"validation": 0.1, "seed": 5}, shard={"ranks": 1, "files_per_rank": 1},
                      dedup={"minhash": {"enabled": False}},
+                     decontaminate={"sets": [{"name": "planted", "path": str(root / "eval.jsonl"), "id_field": "qid"}]},
                      mix={"sources": [{"match": {"path": "*/c.txt"}, "epochs": 2},
                                       {"match": {"language": "zh"}, "weight": 1}, {"match": {"language": "en"}, "weight": 1}]},
                      train={"enabled": True, "steps": 6, "eval_every": 3, "eval_batches": 1, "batch_size": 4,
@@ -105,3 +111,14 @@ def test_mix_draws_the_asked_shares_and_counts_every_repeat(mixed_run):
     groups = {(g["source"], g["language"]): g for g in ledger["composition"]["groups"]}
     assert groups[("c", "en")]["packed"]["tokens"] == 2 * groups[("c", "en")]["tokenized"]["tokens"]
     assert "**1 repeated copies**" in (mixed_run["out"] / "report.md").read_text()
+
+
+def test_decontamination_removes_the_planted_items_documents_and_names_them(mixed_run):
+    import pyarrow.parquet as pq
+
+    out = mixed_run["out"]
+    ledger = json.loads((out / "ledger.json").read_text())
+    assert ledger["stages"]["decontaminate"]["removed"] == {"decontaminated": 2}
+    rows = pq.read_table(sorted((out / "04c-decontaminate" / "removed").glob("*.parquet"))).to_pylist()
+    assert {(r["id"], r["eval_item"]) for r in rows} == {("o3", "planted:q-o3"), ("o8", "planted:q-o8")}
+    assert "## Decontamination" in (out / "report.md").read_text()
