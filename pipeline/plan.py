@@ -57,14 +57,15 @@ def build_plan(cfg: Config, job: str) -> Plan:
     exact_reads = steps[-1].name if cfg.dedup.exact else None
     if cfg.dedup.exact:
         steps.append(ExactDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
+    near_reads = None
     if cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled:
+        near_reads = steps[-1].name
         steps.append(NearDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
     if job == "run" and cfg.decontaminate.sets:
         steps.append(DecontaminateStep(reads=steps[-1].name))
     last_documents = steps[-1].name
     if cfg.dedup.write_index:
-        near = cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled
-        steps.append(DedupIndexStep(reads=last_documents, exact_reads=exact_reads, near=near,
+        steps.append(DedupIndexStep(reads=last_documents, exact_reads=exact_reads, near_reads=near_reads,
                                     normalize_opts=normalize_opts))
     if job == "dedup":
         return Plan(job, steps + [ExportStep(reads=last_documents)], train=False)

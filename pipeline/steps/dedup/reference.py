@@ -46,12 +46,12 @@ def _exact_fingerprint(normalize_opts: Optional[dict], cfg: Config) -> dict:
     return {"normalize": normalize_opts if normalize_opts is not None else cfg.normalize.model_dump(mode="json")}
 
 
-def _near_fingerprint(cfg: Config) -> dict:
-    """What makes two runs' MinHash signatures comparable."""
+def _near_fingerprint(cfg: Config, normalize_opts: Optional[dict]) -> dict:
+    """What makes two runs' MinHash signatures comparable (and their texts, for verification)."""
     dc = cfg.dedup
     return {"minhash": {k: v for k, v in dc.minhash.model_dump(mode="json").items()
                         if k in ("word_ngram", "char_ngram", "num_perm", "seed")},
-            "shingling": dc.shingling.model_dump(mode="json")}
+            "shingling": dc.shingling.model_dump(mode="json"), "text_normalize": normalize_opts}
 
 
 # ---- writing a run's index --------------------------------------------------------------------
@@ -70,10 +70,11 @@ class DedupIndexStep(Step):
     config_sections = ("dedup",)
     counters = ("documents", "exact", "near")
 
-    def __init__(self, reads: str, exact_reads: Optional[str], near: bool, normalize_opts: Optional[dict]):
+    def __init__(self, reads: str, exact_reads: Optional[str], near_reads: Optional[str], normalize_opts: Optional[dict]):
         super().__init__(reads)
-        # the step whose parts this run's exact dedup read (None: no exact dedup); whether near dedup ran
-        self.exact_reads, self.near, self.normalize_opts = exact_reads, near, normalize_opts
+        # the steps whose parts this run's exact and near dedup read (None: that dedup is off)
+        self.exact_reads, self.near_reads, self.normalize_opts = exact_reads, near_reads, normalize_opts
+        self.near = near_reads is not None
 
     def summary(self, s: dict) -> str:
         return f"index of {s['documents']} documents (exact hashes: {s['exact']}, MinHash signatures: {s['near']})"
@@ -94,7 +95,9 @@ class DedupIndexStep(Step):
         if self.near and cfg.dedup.minhash.enabled:
             sig_dir = ctx.rundir.folder("near_dedup") / "signatures"  # reused by later runs as they are
             index["near"] = {"signatures": [str(p.relative_to(ctx.rundir.root)) for p in sorted(sig_dir.glob("*.parquet"))],
-                             **_near_fingerprint(cfg)}
+                             # the texts the signatures were made from (exact verification of candidates)
+                             "texts": [str(Path(p).relative_to(ctx.rundir.root)) for p in ctx.parts(self.near_reads)],
+                             **_near_fingerprint(cfg, self.normalize_opts)}
         keepers = []
         steps = (["exact_dedup"] if self.exact_reads else []) + (["near_dedup"] if self.near else [])
         for step in steps:
@@ -253,7 +256,7 @@ class ReferenceDedupStep(removal.DedupStep):
         from .near import NearDedupStep
 
         cfg, mc = ctx.cfg, ctx.cfg.dedup.minhash
-        mine = _near_fingerprint(cfg)
+        mine = _near_fingerprint(cfg, self.normalize_opts)
         for run_dir, _, index in refs:
             if {key: index["near"].get(key) for key in mine} != mine:
                 raise PipelineError(f"dedup.reference {run_dir}: its MinHash signatures were made with other "
@@ -267,12 +270,23 @@ class ReferenceDedupStep(removal.DedupStep):
         bands, rows = lsh_shape(ctx)
         ref_paths = [(k, str(Path(run_dir) / rel)) for k, (run_dir, _, index) in enumerate(refs)
                      for rel in index["near"]["signatures"]]
-        meta = minhash.BAND_META.assign(run=pd.Series(dtype="int64"))
-        theirs = dd.from_map(lambda a: band_part(a[1], bands, rows, a[0]), ref_paths, meta=meta, enforce_metadata=False)
-        ours = dd.from_map(near_dedup.minhash_band_part, sig_paths, bands=bands, rows=rows, meta=minhash.BAND_META,
-                           enforce_metadata=False)
-        pairs = ours.merge(theirs.rename(columns={"uid": "ref_uid"}), on="band_key")[["uid", "ref_uid", "run"]]
-        pairs = ctx.compute(pairs.drop_duplicates(), "reference_dedup: LSH bands against the earlier runs")
+        rows_est = bands * (sum(pq.ParquetFile(p).metadata.num_rows for _, p in ref_paths)
+                            + sum(pq.ParquetFile(p).metadata.num_rows for p in sig_paths))
+        if rows_est * 24 <= cfg.dedup.components_memory_mb << 20:  # the band rows fit: join them in the driver
+            theirs_rows = pd.concat(ctx.run([delayed(band_part)(p, bands, rows, k) for k, p in ref_paths],
+                                            "reference_dedup: earlier runs' LSH bands"), ignore_index=True)
+            ours_rows = pd.concat(ctx.run([delayed(near_dedup.minhash_band_part)(p, bands, rows) for p in sig_paths],
+                                          "reference_dedup: this run's LSH bands"), ignore_index=True)
+            pairs = ours_rows.merge(theirs_rows.rename(columns={"uid": "ref_uid"}), on="band_key")[["uid", "ref_uid", "run"]]
+            pairs = pairs.drop_duplicates().reset_index(drop=True)
+        else:
+            meta = minhash.BAND_META.assign(run=pd.Series(dtype="int64"))
+            theirs = dd.from_map(lambda a: band_part(a[1], bands, rows, a[0]), ref_paths, meta=meta,
+                                 enforce_metadata=False)
+            ours = dd.from_map(near_dedup.minhash_band_part, sig_paths, bands=bands, rows=rows, meta=minhash.BAND_META,
+                               enforce_metadata=False)
+            pairs = ours.merge(theirs.rename(columns={"uid": "ref_uid"}), on="band_key")[["uid", "ref_uid", "run"]]
+            pairs = ctx.compute(pairs.drop_duplicates(), "reference_dedup: LSH bands against the earlier runs")
         if len(already):
             pairs = pairs[~np.isin(pairs["uid"].to_numpy(), already)]
         stats["reference_candidates"] = len(pairs)
@@ -294,7 +308,11 @@ class ReferenceDedupStep(removal.DedupStep):
             sim[sel] = minhash.signature_jaccard(near_dedup.lookup(*ours_sig, pairs["uid"].to_numpy()[sel]),
                                                  near_dedup.lookup(*theirs_sig, pairs["ref_uid"].to_numpy()[sel]))
         pairs = pairs.assign(similarity=sim)
-        pairs = pairs[pairs["similarity"] >= mc.threshold]
+        if mc.verify:  # as this run's own near dedup: the estimate's floor, then the true Jaccard of the texts
+            pairs = pairs[pairs["similarity"] >= minhash.estimate_floor(mc.threshold, mc.num_perm)]
+            pairs = self._verify(ctx, parts, refs, pairs.reset_index(drop=True), spec)
+            pairs = pairs[pairs["similarity"] >= mc.threshold]
+        stats["reference_near_pairs"] = len(pairs)
         if not len(pairs):
             return pd.DataFrame()
         best = pairs.sort_values(["uid", "similarity", "run", "ref_uid"], ascending=[True, False, True, True])
@@ -319,3 +337,32 @@ class ReferenceDedupStep(removal.DedupStep):
             "source": info.loc[best["uid"], "source"].to_numpy(dtype=object), "reason": NEAR_REASON,
             "score": best["similarity"].to_numpy(), "threshold": mc.threshold, "duplicate_of": keeper_uid,
             "duplicate_of_id": keeper_id, "cluster_size": np.int64(0), "cluster_id": keeper_uid})
+
+    def _verify(self, ctx: StepContext, parts: list[str], refs: list, pairs: pd.DataFrame,
+                spec: near_dedup.SignatureSpec) -> pd.DataFrame:
+        """The true Jaccard of each candidate pair's shingle sets: this run's texts from its parts, the
+        earlier run's from the parts its near dedup read (named in its index)."""
+        if not len(pairs):
+            return pairs
+        want = np.unique(pairs["uid"].to_numpy())
+        ours = pd.concat(ctx.run([delayed(near_dedup.texts_for_uids)(p, want, spec.normalize) for p in parts],
+                                 "reference_dedup: texts to verify"), ignore_index=True).set_index("uid")["text"]
+        theirs = np.empty(len(pairs), dtype=object)
+        for k, (run_dir, _, index) in enumerate(refs):
+            sel = pairs["run"].to_numpy() == k
+            if not sel.any():
+                continue
+            texts = index["near"].get("texts") or []
+            wanted = np.unique(pairs["ref_uid"].to_numpy()[sel])
+            found = pd.concat(ctx.run([delayed(near_dedup.texts_for_uids)(str(Path(run_dir) / rel), wanted, spec.normalize)
+                                       for rel in texts], "reference_dedup: earlier texts to verify"),
+                              ignore_index=True).set_index("uid")["text"] if texts else pd.Series(dtype=object)
+            missing = np.setdiff1d(wanted, found.index.to_numpy())
+            if len(missing):
+                raise PipelineError(f"dedup.reference {run_dir}: {len(missing)} documents named by its signatures are "
+                                    "not in the parts its index lists (was the run changed or moved?)")
+            theirs[sel] = found.loc[pairs["ref_uid"].to_numpy()[sel]].to_numpy()
+        checked = near_dedup.verify_pairs_exact(np.arange(len(pairs)), np.arange(len(pairs)),
+                                                ours.loc[pairs["uid"].to_numpy()].tolist(), list(theirs),
+                                                spec.minhash, None)
+        return pairs.assign(similarity=checked["similarity"].to_numpy())
