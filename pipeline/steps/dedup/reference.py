@@ -26,6 +26,7 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from dask import delayed
 
@@ -366,3 +367,41 @@ class ReferenceDedupStep(removal.DedupStep):
                                                 ours.loc[pairs["uid"].to_numpy()].tolist(), list(theirs),
                                                 spec.minhash, None)
         return pairs.assign(similarity=checked["similarity"].to_numpy())
+
+
+def filter_signatures(src: str, part: str, out_path: str) -> dict:
+    """The rows of an already computed signature part (`src`) for the documents of `part`, written to
+    `out_path`, with the stats `near_dedup.signature_part` returns."""
+    uids = np.sort(pq.read_table(part, columns=["uid"]).column("uid").to_numpy())
+    table = pq.read_table(src)
+    uid = table.column("uid").to_numpy()
+    if len(uids) and len(uid):
+        pos = np.searchsorted(uids, uid).clip(max=len(uids) - 1)
+        table = table.filter(pa.array(uids[pos] == uid))
+    else:
+        table = table.slice(0, 0)
+    if table.num_rows != len(uids):
+        raise ValueError(f"{src}: holds {table.num_rows} of the {len(uids)} documents of {part}")
+    write_table_atomic(table, Path(out_path))
+    stats = {"docs": table.num_rows, "keep_field_missing": table.column("keep_key").null_count}
+    if "minhash_shingles" in table.column_names:
+        stats["minhash_shingles"] = int(pc.sum(table.column("minhash_shingles")).as_py() or 0)
+    return stats
+
+
+def reused_signatures(ctx: StepContext, parts: list[str], sig_paths: list[str]) -> Optional[list]:
+    """When this run's reference_dedup already computed the signatures (with the same settings), the
+    near dedup step takes its documents' rows from them instead of computing them again; None when it
+    cannot (no reference step, or a part it did not see)."""
+    folder = ctx.rundir.folder("reference_dedup") / "signatures"
+    if not cfg_has_reference(ctx) or not folder.is_dir():
+        return None
+    sources = [folder / Path(p).name for p in parts]
+    if not all(s.is_file() for s in sources):
+        return None
+    return ctx.run([delayed(filter_signatures)(str(s), p, o) for s, p, o in zip(sources, parts, sig_paths)],
+                   "near_dedup: signatures (reused from reference_dedup)")
+
+
+def cfg_has_reference(ctx: StepContext) -> bool:
+    return bool(ctx.cfg.dedup.reference) and ctx.cfg.dedup.minhash.enabled
