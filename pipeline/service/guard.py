@@ -28,6 +28,7 @@ from .safefs import find_link
 PATH_FIELDS: dict[tuple[str, ...], str] = {
     ("input", "paths"): "inputs",
     ("tokenizer", "model"): "file",
+    ("dedup", "reference"): "folders",  # earlier run directories (read only); decontaminate.sets[].path: "file"
 }
 NOT_PATHS: set[tuple[str, ...]] = {
     ("input", "text_field"), ("input", "id_field"), ("input", "source_field"), ("input", "on_error"),
@@ -35,7 +36,7 @@ NOT_PATHS: set[tuple[str, ...]] = {
     ("dedup", "simhash", "unit"),
     ("tokenizer", "train", "model_type"), ("tokenizer", "train", "user_symbols"),
     ("filter", "scripts", "keep"),
-    ("pack", "mode"), ("pack", "remainder"),
+    ("pack", "mode"), ("pack", "remainder"), ("mix", "rest"),
     ("shard", "layout"), ("shard", "remainder"), ("shard", "verify"),
     ("cluster", "address"), ("cluster", "memory_limit"), ("cluster", "dashboard_address"),
     ("train", "num_parallel_workers"), ("train", "precision"),
