@@ -64,6 +64,12 @@ def _add_dedup(sub: argparse._SubParsersAction) -> None:
     dedup.add_argument("--keep", help="which document of a near-duplicate cluster is kept: lowest_uid (default), "
                        "longest, or field:NAME[:min] (largest value of input field NAME, e.g. field:date for the newest; "
                        "documents without it lose, and an input where none has it is an error)")
+    dedup.add_argument("--against", action="append", metavar="RUN_DIR", default=[],
+                       help="an earlier run (written with --write-index) whose documents count as already kept: "
+                       "documents here that duplicate them are removed, duplicate_of naming that run and its kept "
+                       "document (dedup.reference; repeat for several runs)")
+    dedup.add_argument("--write-index", action="store_true", help="write DIR/04b-dedup_index/ so a later run can "
+                       "dedup --against this one (dedup.write_index)")
     dedup.add_argument("--format", choices=["parquet", "jsonl"], default="parquet", help="format of DIR/kept/ (default parquet)")
     dedup.add_argument("--config", help="YAML config: its input (fields), normalize, dedup and cluster sections apply")
     dedup.add_argument("--resume", action="store_true", help="skip stages finished by an earlier run into --out")
@@ -93,6 +99,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--checkpoint-every", type=int, metavar="N", help="write an atomic checkpoint every N steps")
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/checkpoints, "
                        "at the exact next batch, with the optimizer state and learning-rate step restored")
+    train.add_argument("--validation", metavar="DIR", help="held-out shards with their own manifest (a run's "
+                       "shards-validation/): the validation loss every train.eval_every steps, in metrics.jsonl "
+                       "(val_loss) and summary.json (validation); default: the shards' sibling shards-validation/ "
+                       "when it exists")
     train.add_argument("--no-verify", dest="verify", action="store_false",
                        help="skip the start-up check of the shards' sizes and sha256, tokenizer and indexes against "
                        "manifest.json (the manifest itself and the files' presence are always checked)")
@@ -619,6 +629,10 @@ def _cmd_dedup(args) -> int:
         cfg.dedup.keep = policy
     if args.sample is not None:
         cfg.input.sample = args.sample
+    if args.against:
+        cfg.dedup.reference = list(cfg.dedup.reference) + list(args.against)
+    if args.write_index:
+        cfg.dedup.write_index = True
     cfg = parse_config(cfg.model_dump(mode="json"), "command line")  # re-validate the combination
     if args.scheduler:
         cfg.cluster.address = args.scheduler
@@ -629,7 +643,7 @@ def _cmd_dedup(args) -> int:
     _log("== corpusmill dedup summary ==")
     _log(f"documents: input {led['input']:,} = kept {led['kept']:,} + duplicates {led['duplicates']:,} + "
          f"quarantined {led['quarantined']:,}  (balanced)")
-    for name in ("exact_dedup", "near_dedup"):
+    for name in ("reference_dedup", "exact_dedup", "near_dedup"):
         if name in led["stages"]:
             removed = ", ".join(f"{k} {v:,}" for k, v in sorted(led["stages"][name]["removed"].items())) or "none"
             _log(f"  {name:<12} removed: {removed}")
@@ -674,9 +688,13 @@ def _cmd_train(args) -> int:
              f"suggested: {result['suggested_lr']:.3g}")
         return 0
     out = args.out or str(Path(args.shards).resolve().parent / "train")
-    summary = train(args.shards, out, tcfg, log=_log, resume=args.resume, verify=args.verify)
+    sibling = Path(args.shards).resolve().parent / "shards-validation"
+    validation = args.validation or (str(sibling) if (sibling / "manifest.json").is_file() else None)
+    summary = train(args.shards, out, tcfg, log=_log, resume=args.resume, verify=args.verify, validation_dir=validation)
+    val = summary.get("validation")
     _log(f"training: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}; "
-         f"data wait {100 * summary['data_wait_share']:.1f}%; metrics in {Path(out) / 'metrics.jsonl'}")
+         + (f"validation loss {val['first_loss']:.3f} -> {val['last_loss']:.3f}; " if val and val["losses"] else "")
+         + f"data wait {100 * summary['data_wait_share']:.1f}%; metrics in {Path(out) / 'metrics.jsonl'}")
     return 0
 
 

@@ -504,6 +504,14 @@ class DedupConfig(_Section):
         "lowest_uid", description="Which document of a near-duplicate cluster is kept (ties: lowest uid)."
     )
     keep_field: Optional[str] = Field(None, description="With keep: field, the input field compared (e.g. a date).")
+    reference: list[str] = Field(default_factory=list, description="Earlier run directories (written with write_index) "
+                                 "whose documents count as already kept: a document duplicating one of them (exact, or "
+                                 "MinHash near at minhash.threshold by the signatures' estimate) is removed with "
+                                 "duplicate_of naming that run and the kept document's id. The earlier runs are only "
+                                 "read, and their hashes and signatures are reused, not recomputed.")
+    write_index: bool = Field(False, description="Write DIR/dedup-index/: this run's exact hashes, which document kept "
+                              "each removed one, and where its MinHash signatures are, so a later run can name this "
+                              "one in dedup.reference (corpusmill dedup --against DIR).")
     keep_order: Literal["max", "min"] = Field("max", description="With keep: field, keep the largest (newest) or smallest value.")
     components_memory_mb: int = Field(
         512, ge=0, le=MAX_MEMORY_MB, description="Connected components run in memory below this edge-list size, distributed on Dask above."
@@ -615,6 +623,97 @@ class ShardConfig(_Section):
     write_batch: int = Field(1000, ge=1000, le=1 << 20, description="Rows per FileWriter.write_raw_data call (at least 1000: fewer, larger calls write faster).")
 
 
+class SplitConfig(_Section):
+    validation: float = Field(0.0, ge=0, le=0.5, description="Share of the documents held out for validation (e.g. "
+                              "0.005), chosen by a seeded hash of each document's text, so the same documents are held "
+                              "out on every rerun and when documents are added; written as their own shards with their "
+                              "own manifest (DIR/shards-validation/). 0: no split. Needs pack.shuffle_documents.")
+    seed: int = Field(0, ge=0, le=MAX_SEED64, description="Seed of the validation split (0 to 2^64-1).")
+
+
+class EvalSetConfig(_Section):
+    name: str = Field(..., min_length=1, max_length=200, description="The set's name in the removed rows (eval_item "
+                      "is NAME:id) and the report.")
+    path: str = Field(..., min_length=1, description="A JSONL file of evaluation items (one JSON object a line).")
+    fields: list[str] = Field(default_factory=lambda: ["question", "answer"], min_length=1,
+                              description="The fields whose text an item is (joined); a missing field is skipped.")
+    id_field: Optional[str] = Field("id", description="The field naming an item (null, or absent in an item: its line number).")
+
+
+class DecontaminateConfig(_Section):
+    sets: list[EvalSetConfig] = Field(default_factory=list, description="Evaluation sets; a document sharing one "
+                                      "word_ngram-word or cjk_ngram-character n-gram with any item is removed "
+                                      "(reason decontaminated, removed rows' eval_item naming the set and item). "
+                                      "Empty: no decontamination.")
+    word_ngram: int = Field(13, ge=3, le=MAX_NGRAM, description="Words per n-gram for Latin text (words: letters and "
+                            "digits between spaces, punctuation, symbols and CJK characters).")
+    cjk_ngram: int = Field(25, ge=5, le=MAX_NGRAM, description="Characters per n-gram for CJK text (a document's CJK "
+                           "characters in order, everything else left out).")
+    lowercase: bool = Field(True, description="Compare words lowercased.")
+
+
+class MixMatch(_Section):
+    """Which documents a mixture rule takes: every condition given must hold."""
+
+    source: Optional[list[str]] = Field(None, description="Glob patterns (fnmatch, case-sensitive) over the document's "
+                                        "source field; one pattern or a list, any of them matching.")
+    path: Optional[list[str]] = Field(None, description="Glob patterns over the input file the document came from "
+                                      "(as given or found under input.paths); any of them matching.")
+    language: Optional[list[Literal["zh", "en", "other"]]] = Field(
+        None, description="The document's language column (zh: CJK at least filter.scripts.cjk_share of the letters; "
+        "en: Latin at least half; other).")
+
+    @field_validator("source", "path", "language", mode="before")
+    @classmethod
+    def _one_or_list(cls, v: Any) -> Any:
+        return _as_list(v)
+
+    @model_validator(mode="after")
+    def _some_condition(self) -> "MixMatch":
+        if not any(getattr(self, k) for k in type(self).model_fields):
+            raise ValueError("a mix rule's match needs at least one of source, path, language")
+        for k in ("source", "path"):
+            if getattr(self, k) is not None and (not getattr(self, k) or any(not p for p in getattr(self, k))):
+                raise ValueError(f"match.{k}: give one or more non-empty glob patterns")
+        return self
+
+    def label(self) -> str:
+        return ",".join(f"{k}={'|'.join(v)}" for k, v in self.model_dump().items() if v)
+
+
+class MixRule(_Section):
+    name: Optional[str] = Field(None, min_length=1, max_length=200, description="Shown in the report; null: made from "
+                                "the match.")
+    match: MixMatch
+    weight: Optional[float] = Field(None, gt=0, description="Share of the output tokens, relative to the other weighted "
+                                    "rules (documents of an epochs/tokens rule that also match count toward it).")
+    tokens: Optional[int] = Field(None, gt=0, description="A token budget: exactly this many tokens (to one document).")
+    epochs: Optional[float] = Field(None, gt=0, description="Its tokens times this (2: every document twice; 0.5: a "
+                                    "seeded half).")
+    max_epochs: float = Field(1.0, gt=0, description="Cap on repetition for weight and tokens: at most this many "
+                              "copies of the rule's tokens (1: never repeated; the report shows a shortfall instead).")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "MixRule":
+        given = [k for k in ("weight", "tokens", "epochs") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of weight, tokens, epochs (got {', '.join(given) or 'none'})")
+        return self
+
+    def label(self) -> str:
+        return self.name if self.name is not None else self.match.label()
+
+
+class MixConfig(_Section):
+    sources: list[MixRule] = Field(default_factory=list, description="Rules in order; a document belongs to the first "
+                                   "rule it matches. Empty: no mixing (every kept document once).")
+    rest: Literal["keep", "drop"] = Field("keep", description="Documents no rule matches: kept once, or left out.")
+    total_tokens: Optional[int] = Field(None, gt=0, description="Output tokens in all; null: the largest total that "
+                                        "no weighted rule's max_epochs forbids.")
+    seed: int = Field(0, ge=0, le=MAX_SEED64, description="Seed of the draws (which documents fill a fraction of an "
+                      "epoch), by a hash of each document's text.")
+
+
 class ClusterConfig(_Section):
     address: Optional[str] = Field(None, description="Dask scheduler address (tcp://host:8786); null starts a LocalCluster.")
     n_workers: Optional[int] = Field(None, gt=0, le=MAX_WORKERS, description="LocalCluster worker processes; null = "
@@ -670,6 +769,11 @@ class TrainConfig(_Section):
     checkpoint_every: Optional[int] = Field(None, gt=0, le=MAX_STEPS, description="Write an atomic checkpoint every N steps (and at "
                                             "the end); `corpusmill train --resume` continues from the newest.")
     keep_checkpoints: int = Field(2, gt=0, le=10000, description="Checkpoints kept (the newest).")
+    eval_every: Optional[int] = Field(None, gt=0, le=MAX_STEPS, description="With validation shards (split.validation, "
+                                      "or `corpusmill train --validation DIR`): the validation loss every N steps and "
+                                      "after the last; null: every steps/10 steps (at least 1).")
+    eval_batches: int = Field(16, gt=0, le=1 << 20, description="Validation batches (of batch_size samples) per "
+                              "evaluation, at most the whole validation set; always the same ones.")
     model: ModelConfig = Field(default_factory=ModelConfig)
 
     @field_validator("num_parallel_workers")
@@ -690,6 +794,9 @@ class Config(_Section):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     pack: PackConfig = Field(default_factory=PackConfig)
     shard: ShardConfig = Field(default_factory=ShardConfig)
+    decontaminate: DecontaminateConfig = Field(default_factory=DecontaminateConfig)
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    mix: MixConfig = Field(default_factory=MixConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     migration_notes: list[str] = Field(default_factory=list, exclude=True, repr=False,
@@ -710,15 +817,32 @@ class Config(_Section):
             raise ValueError(f"this corpusmill reads config_version {CONFIG_VERSION}, not {v}")
         return v
 
+    @model_validator(mode="after")
+    def _split_needs_the_seeded_order(self) -> "Config":
+        if self.split.validation > 0 and not self.pack.shuffle_documents:
+            raise ValueError("split.validation needs pack.shuffle_documents: true (the split is made where the seeded "
+                             "document order is)")
+        if self.mix.sources and not self.pack.shuffle_documents:
+            raise ValueError("mix needs pack.shuffle_documents: true (the mixture is drawn where the seeded document "
+                             "order is)")
+        return self
+
     def section_hash(self, *names: str, extra: Any = None) -> str:
-        """A short stable hash of the named sections (a stage's identity for resume)."""
+        """A short stable hash of the named sections (a stage's identity for resume). Keys added later
+        join the hash only when set, so an older run's steps still resume."""
         payload = {n: getattr(self, n).model_dump(mode="json") for n in names}
+        for (section, key), default in _HASHED_WHEN_SET.items():
+            if section in payload and payload[section].get(key) == default:
+                payload[section].pop(key)
         payload["_extra"] = extra
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+_HASHED_WHEN_SET: dict[tuple[str, str], Any] = {("dedup", "reference"): [], ("dedup", "write_index"): False}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -44,8 +44,22 @@ def run_batch_part(fn: Callable[..., Any], in_path: str, out_dir: str, reader: s
     if result.removed is not None and len(result.removed):
         files.append(f"removed/{Path(name).stem}.parquet")
     stats = dict(result.stats)
+    if "by_group" not in stats and isinstance(result.kept, pd.DataFrame) and {"source", "language", "text"} <= set(result.kept):
+        stats["by_group"] = kept_groups(result.kept)  # what a document step passes on, per source and language
     stats["task_seconds"] = time.perf_counter() - start
     return {"stats": stats, "extra": extra, "part": name, "files": files}
+
+
+def kept_groups(df: pd.DataFrame) -> dict:
+    """`stages.composition.group_counts` (documents and characters) of a document frame."""
+    import pyarrow.compute as pc
+
+    from corpusmill.stages.composition import group_counts
+
+    text = df["text"].array
+    arrow = text._pa_array if hasattr(text, "_pa_array") else pa.array(df["text"].tolist(), pa.string())
+    chars = pc.fill_null(pc.utf8_length(arrow), 0).to_numpy() if len(df) else np.empty(0, np.int64)
+    return group_counts(df["source"].tolist(), df["language"].tolist(), chars=chars)
 
 
 def sample_part(path: str, seed: int, rate: float, max_chars: int, first_row_group_only: bool = False,

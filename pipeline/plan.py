@@ -9,6 +9,8 @@ from .config import Config
 from .step import Step
 from .steps.dedup.exact import ExactDedupStep
 from .steps.dedup.near import NearDedupStep
+from .steps.dedup.reference import DedupIndexStep, ReferenceDedupStep
+from .steps.decontaminate import DecontaminateStep
 from .steps.export import ExportStep
 from .steps.filter import FilterStep, NormalizeStep
 from .steps.pii import PiiStep
@@ -54,11 +56,21 @@ def build_plan(cfg: Config, job: str) -> Plan:
         if cfg.pii.enabled:
             steps.append(PiiStep(reads="filter"))
     normalize_opts = cfg.normalize.model_dump() if job == "dedup" else None
+    if cfg.dedup.reference:
+        steps.append(ReferenceDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
+    exact_reads = steps[-1].name if cfg.dedup.exact else None
     if cfg.dedup.exact:
         steps.append(ExactDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
+    near_reads = None
     if cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled:
+        near_reads = steps[-1].name
         steps.append(NearDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
+    if job == "run" and cfg.decontaminate.sets:
+        steps.append(DecontaminateStep(reads=steps[-1].name))
     last_documents = steps[-1].name
+    if cfg.dedup.write_index:
+        steps.append(DedupIndexStep(reads=last_documents, exact_reads=exact_reads, near_reads=near_reads,
+                                    normalize_opts=normalize_opts))
     if job == "dedup":
         return Plan(job, steps + [ExportStep(reads=last_documents)], train=False)
     if cfg.shard.format == "megatron":  # whole documents: Megatron's loader packs at train time

@@ -343,7 +343,100 @@ def _tokens_packing_shards(r: ReportInputs) -> list[str]:
             lines.append(f"- Megatron indexed datasets: {s['megatron_documents']:,} whole documents, "
                          f"{s['megatron_tokens']:,} tokens ({s['megatron_dtype']}) in {s['megatron_pairs']} `.bin/.idx` "
                          f"pair(s) under `shards/megatron/`; `mindformers_megatron_train_dataset.yaml` lists them")
+    val = r.ledger.get("validation")
+    if val:
+        lines += [f"- held out for validation (split.validation): {val['documents']:,} documents, {val['tokens']:,} "
+                  f"tokens → {val['samples']:,} samples in `shards-validation/` (its own manifest); not in the training "
+                  "shards above"]
     return lines + [""]
+
+
+def _group_name(g: dict) -> str:
+    return f"{_md_escape(g['source'])} / {g['language']}"
+
+
+def _composition(r: ReportInputs) -> list[str]:
+    """The corpus by source and language: documents and characters read, removed by step and
+    reason, duplicates whose kept copy is in another group, documents kept, tokens, samples."""
+    comp = r.ledger.get("composition")
+    if not comp or not comp.get("groups"):
+        return []
+    groups = comp["groups"]
+    steps = [st for st in comp.get("steps", []) if any(g["removed"].get(st) for g in groups)]
+    lines = ["## By source and language", "",
+             "| source / language | documents | characters | " + " | ".join(f"removed at {st}" for st in steps)
+             + " | kept | tokens | tokens in shards | samples in shards |",
+             "|---|---:|---:|" + "---|" * len(steps) + "---:|---:|---:|---:|"]
+    for g in groups:
+        removed = [", ".join(f"{k} {v:,}" for k, v in sorted(g["removed"].get(st, {}).items())) or "-" for st in steps]
+        kept = list(g["steps"].values())[-1]["docs"] if g["steps"] else 0
+        tok = g.get("tokenized", {}).get("tokens")
+        sh = g.get("shards", {})
+        lines.append(f"| {_group_name(g)} | {g['documents']:,} | {g['chars']:,} | " + " | ".join(removed)
+                     + f" | {kept:,} | {'-' if tok is None else f'{tok:,}'} | "
+                     f"{'-' if 'tokens' not in sh else format(sh['tokens'], ',')} | "
+                     f"{'-' if 'samples' not in sh else format(sh['samples'], ',')} |")
+    total_shard = sum(g.get("shards", {}).get("tokens", 0) for g in groups)
+    if total_shard:
+        lines += ["", "Share of the shards' tokens: " + ", ".join(
+            f"{_group_name(g)} {_pct(g['shards']['tokens'], total_shard)}" for g in groups if g.get("shards", {}).get("tokens"))]
+    cross = comp.get("cross_source_duplicates") or []
+    if cross:
+        lines += ["", "Duplicates across sources or languages (the removed copy's group, and the group that keeps it):", "",
+                  "| step | removed from | kept in | documents |", "|---|---|---|---:|"]
+        for c in cross[:30]:
+            lines.append(f"| {c['step']} | {_md_escape(c['removed_source'])} / {c['removed_language']} | "
+                         f"{_md_escape(c['kept_source'])} / {c['kept_language']} | {c['documents']:,} |")
+        if len(cross) > 30:
+            lines.append(f"| ({len(cross) - 30} more pairs in ledger.json) | | | |")
+    return lines + ["", f"({comp['note']}.)", ""]
+
+
+def _decontamination(r: ReportInputs) -> list[str]:
+    """decontaminate: the evaluation sets, their n-grams and the documents each one removed."""
+    d = r.stats.get("decontaminate")
+    if not d:
+        return []
+    per_set = d.get("by_eval_set") or {}
+    sets = (r.extra.get("decontaminate") or {}).get("eval_sets") or {}
+    lines = ["## Decontamination", "",
+             f"{d.get('eval_items', 0):,} evaluation items → {d.get('eval_ngrams', 0):,} distinct n-grams "
+             f"({d.get('eval_items_too_short', 0):,} items too short to hold one); "
+             f"{(d.get('removed') or {}).get('decontaminated', 0):,} documents removed "
+             "(`04c-decontaminate/removed/`, column eval_item = set:id).", "",
+             "| evaluation set | file | documents removed |", "|---|---|---:|"]
+    for name, path in sets.items():
+        lines.append(f"| {_md_escape(name)} | `{_md_escape(path)}` | {per_set.get(name, 0):,} |")
+    return lines + [""]
+
+
+def _mixture(r: ReportInputs) -> list[str]:
+    """mix: per rule what was asked for and delivered, what was repeated and what was left out."""
+    mix = r.ledger.get("mix")
+    if not mix:
+        return []
+    lines = ["## Mixture", "",
+             f"{mix['tokens_delivered']:,} tokens drawn from {mix['tokens_available']:,} available: "
+             f"{mix['documents_drawn']:,} of {mix['documents']:,} documents, **{mix['repeated_copies']:,} repeated "
+             f"copies**, {mix['documents_left_out']:,} left out (check: {mix['documents']:,} = "
+             f"{mix['documents_drawn']:,} drawn + {mix['documents_left_out']:,} left out; {mix['copies']:,} copies = "
+             f"{mix['documents_drawn']:,} + {mix['repeated_copies']:,} repeated).", "",
+             "| rule | asks | share asked | share delivered | tokens asked | tokens delivered | epochs | documents "
+             "drawn / available | repeated copies | left out |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for x in mix["rules"]:
+        lines.append(f"| {_md_escape(x['rule'])} | {x['kind']} {x['value']:g}"
+                     + (f" (max_epochs {x['max_epochs']:g})" if x["kind"] != "epochs" else "")
+                     + f" | {100 * x['share_asked']:.2f}% | {100 * x['share_delivered']:.2f}% | {x['tokens_asked']:,} | "
+                     f"{x['tokens_delivered']:,} | {x['epochs_delivered']:.2f} | {x['documents_drawn']:,} / "
+                     f"{x['documents']:,} | {x['repeated_copies']:,} | {x['documents_left_out']:,} |")
+    rest = mix["rest"]
+    lines.append(f"| (no rule: {rest['policy']}) | | | {100 * rest['share_delivered']:.2f}% | | "
+                 f"{rest['tokens_delivered']:,} | | {rest['documents'] if rest['policy'] == 'keep' else 0:,} / "
+                 f"{rest['documents']:,} | 0 | {0 if rest['policy'] == 'keep' else rest['documents']:,} |")
+    return lines + ["", "(Shares are of the tokens drawn, before packing; a weighted rule counts the documents of an "
+                    "epochs/tokens rule that also match it. The shards' shares per source and language are under "
+                    "'By source and language'.)", ""]
 
 
 def _training(r: ReportInputs) -> list[str]:
@@ -354,14 +447,18 @@ def _training(r: ReportInputs) -> list[str]:
             f"- {train['steps']} steps on rank {train['rank']}: loss {train['first_loss']:.3f} → {train['last_loss']:.3f} "
             f"(mean of first/last 10%: {train['loss_start_mean']:.3f} → {train['loss_end_mean']:.3f})",
             f"- {train['tokens'] / max(train['wall_s'], 1e-9):,.0f} tokens/s; waiting for data "
-            f"{100 * train['data_wait_share']:.1f}% of the time; metrics in `train/metrics.jsonl`", ""]
+            f"{100 * train['data_wait_share']:.1f}% of the time; metrics in `train/metrics.jsonl`"] + (
+        [f"- validation loss {train['validation']['first_loss']:.3f} → {train['validation']['last_loss']:.3f} "
+         f"(every {train['validation']['every']} steps on {train['validation']['batches']} held-out batches)"]
+        if (train.get("validation") or {}).get("losses") else []) + [""]
 
 
 # report.md, top to bottom: each section returns its lines (ending in a blank one), or none when the
 # run has nothing for it
 SECTIONS: tuple[Callable[[ReportInputs], list[str]], ...] = (
     _header, _sample, _documents, _stages, _removed, _filter_rules, _filter_overrides, _filter_by_lang, _filter_by_source, _quarantined,
-    _filtered_examples, _text_screening, _personal_data, _exact_duplicates, _near_duplicates, _tokenizer, _tokens_packing_shards, _training)
+    _filtered_examples, _text_screening, _personal_data, _exact_duplicates, _near_duplicates, _decontamination, _tokenizer,
+    _tokens_packing_shards, _mixture, _composition, _training)
 
 
 def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: Optional[dict]) -> str:
@@ -377,5 +474,5 @@ def write_report(out: Path, ledger: dict, stats: dict, extra: dict, seconds: dic
     text = render_report(ledger, stats, extra, seconds, train)
     path = Path(out) / "report.md"
     write_text_atomic(path, text)
-    write_text_atomic(Path(out) / "report.html", render_html(text, extra))
+    write_text_atomic(Path(out) / "report.html", render_html(text, extra, ledger=ledger))
     return path

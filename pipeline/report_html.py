@@ -160,8 +160,57 @@ def score_plots(extra: dict) -> list[tuple[str, str]]:
     return plots
 
 
-def render_html(markdown: str, extra: dict, title: Optional[str] = None) -> str:
+def composition_plot(ledger: Optional[dict]) -> Optional[str]:
+    """A stacked bar per step, from the input to the shards, of the tokens of each source and
+    language (base64 PNG). Before tokenizing, a group's tokens are estimated from its characters at
+    that step and its own tokens per character once tokenized (the caption says so)."""
+    comp = (ledger or {}).get("composition") or {}
+    groups = comp.get("groups") or []
+    if not groups or not any(g.get("tokenized") for g in groups):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = list(dict.fromkeys(st for g in groups for st in g["steps"]))
+    columns = ["input"] + [s for s in steps if s != "read"] + ["tokenized", "shards"]
+    fig, ax = plt.subplots(figsize=(8.5, 3.8), dpi=110)
+    bottom = [0.0] * len(columns)
+    cmap = plt.get_cmap("tab20")
+    for k, g in enumerate(groups):
+        tok = g.get("tokenized") or {}
+        per_char = tok.get("tokens", 0) / max(1, tok.get("chars", 0))
+        values = [g["chars"] * per_char] + [g["steps"].get(s, {}).get("chars", 0) * per_char for s in columns[1:-2]]
+        values += [tok.get("tokens", 0), (g.get("shards") or {}).get("tokens", 0)]
+        ax.bar(columns, values, bottom=bottom, color=cmap(k % 20), label=f"{g['source']} / {g['language']}")
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_ylabel("tokens")
+    ax.tick_params(labelsize=8)
+    ax.legend(fontsize=7, frameon=False, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def render_html(markdown: str, extra: dict, title: Optional[str] = None, ledger: Optional[dict] = None) -> str:
     body = markdown_to_html(markdown)
+    try:
+        bars = composition_plot(ledger)
+    except Exception as e:  # noqa: BLE001 - a plotting problem must not cost a finished run its report
+        bars = None
+        body = (f'<p><strong>The composition plot could not be drawn: {html.escape(type(e).__name__)}: '
+                f"{html.escape(str(e))}</strong></p>") + body
+    if bars:
+        marker = '<h2 id="by-source-and-language">'
+        figure = (f'<figure><img alt="tokens per source and language, step by step" src="data:image/png;base64,{bars}" '
+                  'width="100%"><figcaption>Tokens per source and language from the input to the shards (before '
+                  "tokenizing: each group's characters at that step times its own tokens per character).</figcaption>"
+                  "</figure>")
+        at = body.find("</h2>", body.find(marker)) + len("</h2>") if marker in body else len(body)
+        body = body[:at] + figure + body[at:]
     try:
         plots = score_plots(extra)
     except Exception as e:  # noqa: BLE001 - a plotting problem must not cost a finished run its report

@@ -22,8 +22,11 @@ STAGE_DIRS = {
     "normalize": "01-normalize",
     "filter": "02-filter",
     "pii": "02b-pii",
+    "reference_dedup": "02b-reference_dedup",
     "exact_dedup": "03-exact_dedup",
     "near_dedup": "04-near_dedup",
+    "dedup_index": "04b-dedup_index",
+    "decontaminate": "04c-decontaminate",
     "tokenize": "05-tokenize",
     "pack": "06-pack",
     "shard": "shards",
@@ -34,6 +37,7 @@ REMOVED = "removed"  # a step's audit rows: one row per document it removed, wit
 CONFIG_FILE = "config.yaml"
 LEDGER_FILE = "ledger.json"
 SHARDS_STAGING = "shards.tmp"  # MindRecord files are written here, then the folder is renamed to shards/
+VALIDATION_SHARDS = "shards-validation"  # the held-out split's own shards and manifest (split.validation)
 EXPORT_KEPT, EXPORT_REMOVED = "kept", "removed"  # what a dedup job hands over
 
 

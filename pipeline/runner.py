@@ -20,13 +20,14 @@ from typing import Callable, Optional
 from corpusmill.stages.base import write_json_atomic, write_text_atomic
 
 from . import __version__
+from .composition import build_composition
 from .config import Config
 from .engine import dask_client, progress_listener
 from .ledger import build_ledger, project_full_run
 from .plan import build_plan
 from .progress import RunProgress, utc_now
 from .report import write_report
-from .rundir import CONFIG_FILE, LEDGER_FILE, STAGE_DIRS, RunDir  # noqa: F401 - STAGE_DIRS: the run directory's names
+from .rundir import CONFIG_FILE, LEDGER_FILE, STAGE_DIRS, VALIDATION_SHARDS, RunDir  # noqa: F401 - STAGE_DIRS: the run directory's names
 from .step import PipelineError, Step, StepContext, StepResult
 
 Log = Callable[[str], None]
@@ -222,7 +223,9 @@ class Pipeline:
         self.log("[train] starting")
         self._progress("stage_started", "train")
         t0 = time.perf_counter()
-        summary = train(str(self.rundir.folder("shard")), str(self.out / "train"), self.cfg.train, log=self.log)
+        validation = self.rundir.file(VALIDATION_SHARDS)
+        summary = train(str(self.rundir.folder("shard")), str(self.out / "train"), self.cfg.train, log=self.log,
+                        validation_dir=str(validation) if validation.is_dir() else None)
         self._progress("stage_finished", "train", time.perf_counter() - t0)
         ledger["run"]["wall_s"] = time.perf_counter() - started
         return summary
@@ -237,6 +240,9 @@ class Pipeline:
             "seconds_per_stage": self._seconds(),
             "resumed_stages": [n for n, r in self.results.items() if r.skipped],
         }
+        found = build_composition(self.rundir, self.stats, self._document_steps())
+        if found:
+            ledger["composition"] = found
         if self.cfg.input.sample < 1.0:
             ledger["sample"] = project_full_run(ledger, self.stats, self.cfg.input.sample, self.cfg.input.sample_seed,
                                                 n_workers=self.n_workers)

@@ -29,6 +29,7 @@ DOC_SCHEMA = pa.schema(
         ("text", pa.string()),
         ("source", pa.string()),
         ("meta", pa.string()),  # remaining input fields as JSON, or null
+        ("language", pa.string()),  # zh / en / other by script, set by the reader (stages.quality.script_language)
     ]
 )
 

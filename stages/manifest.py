@@ -41,7 +41,7 @@ _TOP_KEYS: dict[str, Any] = {
     "format": str, "seq_length": _INT, "sample_length": _INT, "vocab_size": _INT, "tokenizer": dict, "ranks": _INT,
     "files_per_rank": _INT, "samples_per_rank": _INT, "total_samples": _INT, "files": list,
 }
-_OPTIONAL_TOP: dict[str, Any] = {"layout": str, "columns": dict, "pack_mode": str}
+_OPTIONAL_TOP: dict[str, Any] = {"layout": str, "columns": dict, "pack_mode": str, "composition": dict}
 _TOKENIZER_KEYS: dict[str, Any] = {
     "path": str, "sha256": str, "vocab_size": _INT, "bos_id": _INT, "eos_id": _INT, "unk_id": _INT, "pad_id": _INT,
     "pad_source": str,
@@ -58,9 +58,10 @@ def build(*, version: str, config_hash: str, created_utc: str, seq_length: int, 
           add_bos: bool, add_eos: bool, labels: bool, pack_mode: str, layout: str, ranks: int, files_per_rank: int,
           samples_per_rank: int, total_samples: int, dropped: int, repeated: int, remainder: str, shuffle_seed: int,
           files: list[dict[str, Any]], tokenizer_file: str = "tokenizer.model", megatron: Optional[dict[str, Any]] = None,
-          formats: Optional[list[str]] = None) -> dict[str, Any]:
+          formats: Optional[list[str]] = None, composition: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The manifest of a finished set of shards, in FORMAT. `tokenizer` holds the checked tokenizer's
-    sha256, special ids, pad source and vocabulary size; `files` one entry per MindRecord file."""
+    sha256, special ids, pad source and vocabulary size; `files` one entry per MindRecord file;
+    `composition` (optional) the tokens and samples per source and language."""
     window = seq_length + 1
     columns = {"input_ids": {"type": "int32", "shape": [window],
                              "note": "seq_length + 1 ids; the model shifts by one for labels; EOS ends every document"}}
@@ -89,7 +90,7 @@ def build(*, version: str, config_hash: str, created_utc: str, seq_length: int, 
         "total_tokens": sum(x["tokens"] for x in files),
         "shuffle_seed": shuffle_seed,
         "files": files,
-    }
+    } | ({"composition": composition} if composition else {})
     if megatron is not None:  # a MindRecord-only manifest stays exactly as it was
         pairs = megatron["pairs"]
         doc["formats"] = formats or ["megatron"]

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
 
 from .base import BatchResult, read_table, write_table_atomic
+from .composition import UNKNOWN, window_groups
 
 
 def window_schema(window: int) -> pa.Schema:
@@ -142,7 +143,9 @@ def best_fit_bins(sizes: np.ndarray, capacity: int) -> list[list[int]]:
 
 
 def _best_fit(tokens: pa.Table, window: int, pad_id: int) -> BatchResult:
-    return _best_fit_windows(*_docs(tokens), window, pad_id)
+    result = _best_fit_windows(*_docs(tokens), window, pad_id)
+    result.stats.pop("pieces")
+    return result
 
 
 def _best_fit_windows(flat: np.ndarray, lengths: np.ndarray, window: int, pad_id: int) -> BatchResult:
@@ -157,16 +160,19 @@ def _best_fit_windows(flat: np.ndarray, lengths: np.ndarray, window: int, pad_id
     bins = best_fit_bins(p_len, window)
     out = np.full((len(bins), window), pad_id, dtype=np.int32)
     n_pad = np.empty(len(bins), dtype=np.int32)
+    bin_of = np.empty(len(p_len), dtype=np.int64)
     for b, items in enumerate(bins):
         pos = 0
         for i in sorted(items, key=lambda i: (doc_of[i], k[i])):  # keep a document's own order
             out[b, pos:pos + p_len[i]] = flat[p_start[i]:p_start[i] + p_len[i]]
             pos += p_len[i]
+            bin_of[i] = b
         n_pad[b] = window - pos
     stats = {
         "docs_in": len(lengths), "tokens_in": int(lengths.sum()), "windows": len(bins),
         "docs_split": int((n_pieces > 1).sum()), "docs_truncated": 0, "tokens_dropped": 0,
         "pad_tokens": int(n_pad.sum()),
+        "pieces": (bin_of, doc_of, p_len),  # which window holds each piece of which document (composition)
     }
     return BatchResult(kept=windows_table(out.reshape(-1), window, n_pad), stats=stats)
 
@@ -187,11 +193,42 @@ def order_keys(uids: np.ndarray, seed: int) -> np.ndarray:
                         for u in np.asarray(uids, np.int64).tolist()), dtype=np.uint64, count=len(uids))
 
 
-def document_index(path: str, seed: int) -> dict[str, np.ndarray]:
-    """uid, n_tokens and order key of every document of one tokenized part (its ids are not read)."""
-    table = read_table(path, columns=["uid", "n_tokens"])
+def document_index(path: str, seed: int) -> dict[str, Any]:
+    """uid, n_tokens and order key of every document of one tokenized part (its ids are not read);
+    with the part's `source` and `language`, also `groups` (its distinct (source, language) pairs)
+    and `gcode` (each document's index into them), and `doc_hash` (the text's hash) when present."""
+    names = read_table(path).column_names
+    wanted = ["uid", "n_tokens"] + [c for c in ("source", "language", "doc_hash") if c in names]
+    table = read_table(path, columns=wanted)
     uids = table.column("uid").to_numpy().astype(np.int64, copy=False)
-    return {"uid": uids, "n_tokens": table.column("n_tokens").to_numpy().astype(np.int64), "key": order_keys(uids, seed)}
+    out: dict[str, Any] = {"uid": uids, "n_tokens": table.column("n_tokens").to_numpy().astype(np.int64),
+                           "key": order_keys(uids, seed)}
+    if "source" in names and "language" in names:
+        src = table.column("source").to_pylist()
+        lang = table.column("language").to_pylist()
+        pairs = [(s if s is not None else UNKNOWN, g if g is not None else UNKNOWN) for s, g in zip(src, lang)]
+        distinct = sorted(set(pairs))
+        where = {p: i for i, p in enumerate(distinct)}
+        out["groups"] = distinct
+        out["gcode"] = np.fromiter((where[p] for p in pairs), dtype=np.int32, count=len(pairs))
+    if "doc_hash" in names:
+        out["doc_hash"] = table.column("doc_hash").to_numpy().astype(np.uint64, copy=False)
+    return out
+
+
+def global_codes(index: list[dict[str, Any]]) -> tuple[list[tuple[str, str]], list[np.ndarray]]:
+    """One code per (source, language) over all parts: the sorted pairs, and each part's documents' codes
+    (all -1 for a part without the columns)."""
+    pairs = sorted({p for x in index for p in x.get("groups", [])})
+    where = {p: i for i, p in enumerate(pairs)}
+    codes = []
+    for x in index:
+        if "groups" in x:
+            remap = np.asarray([where[p] for p in x["groups"]], dtype=np.int32)
+            codes.append(remap[x["gcode"]] if len(x["gcode"]) else np.empty(0, np.int32))
+        else:
+            codes.append(np.full(len(x["uid"]), -1, np.int32))
+    return pairs, codes
 
 
 @dataclass
@@ -201,16 +238,47 @@ class DocumentOrder:
     part: np.ndarray
     row: np.ndarray
     length: np.ndarray
+    code: Optional[np.ndarray] = None  # each document's (source, language) group (`global_codes`), -1: unknown
 
 
-def document_order(index: list[dict[str, np.ndarray]]) -> DocumentOrder:
-    """The documents of all parts (`document_index` per part, in part order) sorted by (key, uid)."""
+def subset(entry: dict[str, Any], mask: np.ndarray) -> dict[str, Any]:
+    """A part's `document_index` for the documents where `mask` holds, remembering their rows in the part."""
+    rows = entry.get("row", np.arange(len(entry["uid"]), dtype=np.int64))
+    out = {k: (v[mask] if isinstance(v, np.ndarray) else v) for k, v in entry.items()}
+    out["row"] = rows[mask]
+    return out
+
+
+def with_copies(entry: dict[str, Any], copies: np.ndarray) -> dict[str, Any]:
+    """A part's `document_index` with each document `copies[i]` times (0: left out). A repeated copy
+    gets its own order key (a hash of the key and the copy's number), so its copies land apart."""
+    rows = entry.get("row", np.arange(len(entry["uid"]), dtype=np.int64))
+    copies = np.asarray(copies, np.int64)
+    out = {k: (np.repeat(v, copies) if isinstance(v, np.ndarray) else v) for k, v in entry.items()}
+    out["row"] = np.repeat(rows, copies)
+    nth = np.arange(int(copies.sum()), dtype=np.int64) - np.repeat(np.cumsum(copies) - copies, copies)
+    key = out["key"].copy()
+    again = nth > 0
+    if again.any():
+        from .mixing import _mix64
+
+        with np.errstate(over="ignore"):
+            key[again] = _mix64(key[again] ^ (nth[again].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
+    out["key"] = key
+    return out
+
+
+def document_order(index: list[dict[str, Any]], codes: Optional[list[np.ndarray]] = None) -> DocumentOrder:
+    """The documents of all parts (`document_index` per part, in part order, or a `subset` of it)
+    sorted by (key, uid)."""
     sizes = [len(x["uid"]) for x in index]
     part = np.repeat(np.arange(len(index), dtype=np.int32), sizes)
-    row = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes]) if index else np.empty(0, np.int64)
+    row = (np.concatenate([x.get("row", np.arange(n, dtype=np.int64)) for x, n in zip(index, sizes)]) if index
+           else np.empty(0, np.int64))
     cat = lambda k, dt: np.concatenate([x[k] for x in index]) if index else np.empty(0, dt)  # noqa: E731
     order = np.lexsort((cat("uid", np.int64), cat("key", np.uint64)))
-    return DocumentOrder(part[order], row[order], cat("n_tokens", np.int64)[order])
+    code = np.concatenate(codes)[order] if codes is not None and index else None
+    return DocumentOrder(part[order], row[order], cat("n_tokens", np.int64)[order], code)
 
 
 @dataclass
@@ -223,6 +291,7 @@ class Group:
     offset: np.ndarray
     count: np.ndarray
     length: np.ndarray
+    code: Optional[np.ndarray] = None  # each segment's (source, language) group, when known
 
     @property
     def ids(self) -> int:
@@ -249,7 +318,8 @@ def plan_groups(order: DocumentOrder, window: int, mode: str, group_tokens: int)
             d0, d1 = int(np.searchsorted(ends, t0, "right")), int(np.searchsorted(starts, t1, "left"))
             s, e = starts[d0:d1], ends[d0:d1]
             first, last = np.maximum(s, t0), np.minimum(e, t1)
-            groups.append(Group(order.part[d0:d1], order.row[d0:d1], first - s, last - first, lengths[d0:d1]))
+            groups.append(Group(order.part[d0:d1], order.row[d0:d1], first - s, last - first, lengths[d0:d1],
+                                _slice(order.code, d0, d1)))
         return groups
     if mode == "pad":
         bounds = list(range(0, len(lengths), max(1, group_tokens // window))) + [len(lengths)]
@@ -259,8 +329,13 @@ def plan_groups(order: DocumentOrder, window: int, mode: str, group_tokens: int)
     for d0, d1 in zip(bounds[:-1], bounds[1:]):
         length = lengths[d0:d1]
         count = np.minimum(length, window) if mode == "pad" else length
-        groups.append(Group(order.part[d0:d1], order.row[d0:d1], np.zeros(d1 - d0, np.int64), count, length))
+        groups.append(Group(order.part[d0:d1], order.row[d0:d1], np.zeros(d1 - d0, np.int64), count, length,
+                            _slice(order.code, d0, d1)))
     return groups
+
+
+def _slice(values: Optional[np.ndarray], lo: int, hi: int) -> Optional[np.ndarray]:
+    return None if values is None else values[lo:hi]
 
 
 def concat_stats(lengths: np.ndarray, window: int) -> dict[str, int]:
@@ -310,16 +385,58 @@ def pack_group(parts: list[str], group: Group, window: int, mode: str, remainder
     holds no window). Returns its counts; concat's docs_in, tokens_in and docs_split come from
     `concat_stats` over the whole stream, since a group may hold part of a document."""
     flat = gather_ids(parts, group)
+    pieces = None
     if mode == "concat":
         table, stats = pack_tails([flat], window, remainder, pad_id)
         stats = {"windows": stats["windows"], "tokens_dropped": stats["tokens_dropped"], "pad_tokens": stats["pad_tokens"],
                  "ids": int(len(flat))}
-    else:
-        result = (_pad_windows if mode == "pad" else _best_fit_windows)(flat, group.count, window, pad_id)
+    elif mode == "pad":
+        result = _pad_windows(flat, group.count, window, pad_id)
         table, stats = result.kept, dict(result.stats)
-        if mode == "pad":  # the ids past the window were never gathered: count them from the whole lengths
-            stats.update(tokens_in=int(group.length.sum()), docs_truncated=int((group.length > window).sum()),
-                         tokens_dropped=int((group.length - group.count).sum()))
+        # the ids past the window were never gathered: count them from the whole lengths
+        stats.update(tokens_in=int(group.length.sum()), docs_truncated=int((group.length > window).sum()),
+                     tokens_dropped=int((group.length - group.count).sum()))
+    else:
+        result = _best_fit_windows(flat, group.count, window, pad_id)
+        table, stats = result.kept, dict(result.stats)
+        pieces = stats.pop("pieces")
+    if group.code is not None and (group.code >= 0).all():
+        table, by_code = _with_groups(table, group, window, mode, pieces)
+        stats["group_tokens"], stats["group_samples"] = by_code
+    else:
+        stats.pop("pieces", None)
     if table.num_rows:
         write_table_atomic(table, Path(out_path))
     return stats
+
+
+# ---- which sources and languages fill each window ------------------------------------------------
+
+def _with_groups(table: pa.Table, group: Group, window: int, mode: str,
+                 pieces: Optional[tuple] = None) -> tuple[pa.Table, tuple[dict, dict]]:
+    """The packed windows with three more columns: `groups` and `group_tokens` (which (source,
+    language) codes fill the window with how many ids) and `group` (the one with most ids). The shard
+    step reads only `input_ids` and `n_pad` for the MindRecord files, so their bytes do not change.
+    Returns the table and ({code: ids}, {code: windows it dominates}) as strings for merge_stats."""
+    n = table.num_rows
+    if mode == "best_fit":
+        bin_of, doc_of, p_len = pieces
+        codes = group.code[doc_of].astype(np.int64)
+        n_codes = int(codes.max(initial=0)) + 1
+        uniq, inverse = np.unique(bin_of * n_codes + codes, return_inverse=True)
+        tokens = np.bincount(inverse, weights=p_len).astype(np.int64)
+        win, grp = uniq // n_codes, uniq % n_codes
+        dominant = np.full(n, -1, np.int64)
+        order = np.lexsort((grp, -tokens, win))
+        first = order[np.r_[True, win[order][1:] != win[order][:-1]]] if len(order) else order
+        dominant[win[first]] = grp[first]
+    else:
+        win, grp, tokens, dominant = window_groups(group.code, group.count, window, n, mode)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(win, minlength=n))]).astype(np.int32)
+    table = table.append_column("groups", pa.ListArray.from_arrays(pa.array(offsets), pa.array(grp.astype(np.int32))))
+    table = table.append_column("group_tokens", pa.ListArray.from_arrays(pa.array(offsets),
+                                                                         pa.array(tokens.astype(np.int32))))
+    table = table.append_column("group", pa.array(dominant.astype(np.int32)))
+    tok = np.bincount(grp, weights=tokens) if len(grp) else np.zeros(0)
+    dom = np.bincount(dominant[dominant >= 0]) if (dominant >= 0).any() else np.zeros(0, np.int64)
+    return table, ({str(c): int(v) for c, v in enumerate(tok) if v}, {str(c): int(v) for c, v in enumerate(dom) if v})

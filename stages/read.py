@@ -43,7 +43,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from .base import DOC_SCHEMA, write_table_atomic
+from .base import DOC_SCHEMA, merge_stats, write_table_atomic
+from .composition import group_counts
+from .quality import script_language
 
 SUFFIXES = (".jsonl.gz", ".jsonl.zst", ".jsonl", ".parquet", ".txt", ".warc.gz", ".warc", ".html", ".htm")
 MAX_LINES_PER_FILE = 1 << 32  # uid = file_index << 32 | line
@@ -383,8 +385,10 @@ class _Sink:
 class _PartWriter:
     """Accumulates documents and flushes bounded Parquet parts."""
 
-    def __init__(self, out_dir: Path, unit_index: int, part_size: int):
+    def __init__(self, out_dir: Path, unit_index: int, part_size: int, cjk_share: float = 0.3):
         self.out_dir, self.unit_index, self.part_size = out_dir, unit_index, part_size
+        self.cjk_share = cjk_share
+        self.groups: dict = {}  # {source: {language: {docs, chars}}} of the documents written
         self.cols: dict[str, list] = {name: [] for name in DOC_SCHEMA.names}
         self.bytes = 0
         self.parts: list[str] = []
@@ -396,6 +400,7 @@ class _PartWriter:
         c["text"].append(text)
         c["source"].append(source)
         c["meta"].append(meta)
+        c["language"].append(None)  # decided per part, vectorised, in `flush`
         self.bytes += len(text)
         if self.bytes >= self.part_size:
             self.flush()
@@ -404,6 +409,9 @@ class _PartWriter:
         if not self.cols["uid"]:
             return
         name = f"part-{self.unit_index:05d}-{len(self.parts):03d}.parquet"
+        self.cols["language"] = script_language(self.cols["text"], self.cjk_share).tolist()
+        merge_stats(self.groups, group_counts(self.cols["source"], self.cols["language"],
+                                              chars=[len(t) for t in self.cols["text"]]))
         write_table_atomic(pa.Table.from_pydict(self.cols, schema=DOC_SCHEMA), self.out_dir / name)
         self.parts.append(name)
         self.cols = {name: [] for name in DOC_SCHEMA.names}
@@ -419,6 +427,7 @@ class ReadOptions:
     sample: float = 1.0  # keep a document when a seeded hash of its uid falls below this fraction
     sample_seed: int = 0
     on_error: str = "quarantine"  # or "fail": InputError at the first bad record or damaged file
+    cjk_share: float = 0.3  # the `language` column: zh at this CJK share of letters (filter.scripts.cjk_share)
 
     def sampled(self, uid: int) -> bool:
         return self.sample >= 1.0 or in_sample(uid, self.sample, self.sample_seed)
@@ -946,7 +955,7 @@ def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str) -> dict:
     stats: docs_in = docs_out + quarantined (documents); `quarantine_reasons` counts documents by
     code; `lost_input` counts the damaged files whose rest could not be read (no documents)."""
     started = time.perf_counter()
-    writer = _PartWriter(Path(out_dir), unit.index, opts.part_size)
+    writer = _PartWriter(Path(out_dir), unit.index, opts.part_size, opts.cjk_share)
     sink = _Sink(opts.on_error == "fail")
     stats: dict[str, Any] = {"docs_in": 0, "blank_lines": 0, "bytes_in": 0, "files": 0, "not_sampled": 0}
     for seg in unit.segments:
@@ -969,5 +978,6 @@ def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str) -> dict:
             lost["bytes"] += x.extra.get("lost_bytes", 0)
             lost["partial_bytes"] += x.extra.get("partial_bytes", 0)
     stats["lost_input"] = lost
+    stats["by_group"] = writer.groups
     stats["task_seconds"] = time.perf_counter() - started
     return {"stats": stats, "quarantine": q, "parts": writer.parts}

@@ -18,6 +18,7 @@ import sentencepiece as spm
 
 from . import tokenizer_kinds as kinds
 from .base import BatchResult, atomic_file, file_sha256, write_bytes_atomic, write_text_atomic
+from .composition import group_counts
 
 TOKEN_SCHEMA = pa.schema([("uid", pa.int64()), ("n_tokens", pa.int32()), ("input_ids", pa.list_(pa.int32()))])
 
@@ -300,7 +301,12 @@ def tokenize_batch(docs: pa.Table | pd.DataFrame, model_path: str, add_bos: bool
                    spec: Optional[kinds.TokenizerSpec] = None, bos_id: Optional[int] = None,
                    eos_id: Optional[int] = None) -> BatchResult:
     """Encode the `text` column into `input_ids` (list<int32>), BOS/EOS per config. `bos_id`/`eos_id`
-    are the checked ids (None: the tokenizer's own); `spec` None: a SentencePiece model."""
+    are the checked ids (None: the tokenizer's own); `spec` None: a SentencePiece model. `source` and
+    `language`, when given, are carried on (the pack step mixes, splits and counts by them), with
+    `doc_hash`, an xxh3 of the text (the validation split's stable key: the same text falls on the
+    same side in every run, whatever its file or line)."""
+    import xxhash
+
     tok = _load(model_path, spec or kinds.TokenizerSpec("sentencepiece"))
     if bos_id is None or eos_id is None:
         own = kinds.resolve_specials(tok, {})
@@ -309,8 +315,10 @@ def tokenize_batch(docs: pa.Table | pd.DataFrame, model_path: str, add_bos: bool
     bos, eos = (bos_id if add_bos else -1), (eos_id if add_eos else -1)
     if isinstance(docs, pa.Table):
         texts, uids = docs.column("text").to_pylist(), docs.column("uid").to_numpy()
+        extra = {c: docs.column(c).to_pylist() for c in ("source", "language") if c in docs.column_names}
     else:
         texts, uids = docs["text"].tolist(), docs["uid"].to_numpy(dtype="int64")
+        extra = {c: docs[c].tolist() for c in ("source", "language") if c in docs.columns}
     # ids straight into int32 buffers: no Python int per token kept, which cost 10-12% of the stage
     # in creating them and again in flattening them
     all_lengths, all_values = [], []
@@ -328,6 +336,13 @@ def tokenize_batch(docs: pa.Table | pd.DataFrame, model_path: str, add_bos: bool
         schema=TOKEN_SCHEMA,
     )
     stats = {"docs_in": len(texts), "docs_out": len(texts), "tokens": int(values.size), "chars": int(sum(map(len, texts)))}
+    if len(extra) == 2:
+        table = table.append_column("source", pa.array(extra["source"], pa.string()))
+        table = table.append_column("language", pa.array(extra["language"], pa.string()))
+        hashes = np.fromiter((xxhash.xxh3_64_intdigest(t.encode("utf-8", "surrogatepass")) for t in texts),
+                             dtype=np.uint64, count=len(texts))
+        table = table.append_column("doc_hash", pa.array(hashes, pa.uint64()))
+        stats["by_group"] = group_counts(extra["source"], extra["language"], chars=map(len, texts), tokens=lengths)
     return BatchResult(kept=table, stats=stats)
 
 

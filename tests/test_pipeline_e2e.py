@@ -562,3 +562,39 @@ def test_a_run_killed_inside_a_step_resumes_only_its_unfinished_tasks(run, dask_
     assert after["tokenizer"]["sha256"] == before["tokenizer"]["sha256"]
     assert again.ledger["kept"] == run["result"].ledger["kept"]
     assert again.ledger["filtered"] == run["result"].ledger["filtered"]
+
+
+def test_composition_by_source_and_language_balances_and_reaches_the_shards(run):
+    """Every (source, language) group balances at every step; the copies' kept group is named; the
+    groups' shard tokens and samples add up to the manifest's, one group per sample in the side file."""
+    ledger = json.loads((run["out"] / "ledger.json").read_text())
+    comp = ledger["composition"]
+    groups = {(g["source"], g["language"]): g for g in comp["groups"]}
+    assert {("orig", "zh"), ("orig", "en"), ("copies", "zh")} <= set(groups)
+    for g in comp["groups"]:
+        kept = g["documents"]
+        for step in comp["steps"]:
+            removed = sum(g["removed"].get(step, {}).values())
+            out = g["steps"].get(step, {}).get("docs", 0)
+            assert kept == out + removed, (g["source"], g["language"], step)
+            kept = out
+    assert sum(g["documents"] for g in comp["groups"]) == ledger["input"] - ledger["quarantined"]
+    copies_kept_in = {(c["kept_source"], c["kept_language"]): c["documents"] for c in comp["cross_source_duplicates"]
+                      if c["removed_source"] == "copies"}
+    assert copies_kept_in == {("orig", "zh"): groups[("copies", "zh")]["removed"]["exact_dedup"]["exact"]}
+    manifest = json.loads((run["out"] / "shards" / "manifest.json").read_text())
+    mix = manifest["composition"]["groups"]
+    assert sum(g["tokens"] for g in mix) == manifest["total_tokens"]
+    assert sum(g["samples"] for g in mix) == manifest["total_samples"]
+    sides = pq.read_table(run["out"] / "shards" / "sample_groups.parquet").to_pandas()
+    assert len(sides) == manifest["total_samples"]
+    assert sides.groupby("file").size().tolist() == [f["samples"] for f in manifest["files"]]
+    assert sides["group"].value_counts().to_dict() == {g["group"]: g["samples"] for g in mix if g["samples"]}
+    assert groups[("orig", "zh")]["shards"]["tokens"] == next(g["tokens"] for g in mix if g["source"] == "orig"
+                                                                and g["language"] == "zh")
+    read_langs = {x for p in sorted((run["out"] / "00-read").glob("part-*.parquet"))
+                  for x in pq.read_table(p, columns=["language"]).column("language").to_pylist()}
+    assert {"zh", "en"} <= read_langs
+    report = (run["out"] / "report.md").read_text()
+    assert "## By source and language" in report and "| exact_dedup | copies / zh | orig / zh |" in report
+    assert 'alt="tokens per source and language, step by step"' in (run["out"] / "report.html").read_text()

@@ -254,6 +254,9 @@ class TrainRun:
     losses: list[float]
     tokens_per_step: int
     warnings: list[str] = field(default_factory=list)
+    val_loss: Optional[float] = None  # the validation loss measured after this step (Validation), else None
+    val_losses: list = field(default_factory=list)  # [step, validation loss] of every evaluation
+    validation: Optional[dict] = None  # summary.json's `validation`, set at the end by Validation
     step: int = 0  # 0-based index of the step being taken
     micro: list = field(default_factory=list)
     lr: float = 0.0
@@ -315,6 +318,50 @@ def fit(run: TrainRun, callbacks: list[Callback]) -> None:
         cb.on_train_end(run)
 
 
+class Validation(Callback):
+    """The loss on held-out validation shards (their own manifest, one rank: every rank evaluates all
+    of it) every `eval_every` steps and after the last: the mean over the same first `eval_batches`
+    batches each time, forward only."""
+
+    def __init__(self, validation_dir: str, log: Callable[[str], None], verify: bool = True):
+        self.dir = validation_dir
+        self.manifest = check_shards(validation_dir, verify, log)
+        self.every = 1
+        self.batches: list = []
+
+    def on_train_begin(self, run: TrainRun) -> None:
+        import mindspore.dataset as ds
+
+        session, tcfg = run.session, run.tcfg
+        check_model_fits(self.manifest, session.seq_length, session.vocab_size)
+        self.every = tcfg.eval_every or max(1, tcfg.steps // 10)
+        files = [os.path.join(self.dir, e["path"]) for e in self.manifest["files"]]
+        batch = max(1, min(tcfg.batch_size, self.manifest["total_samples"]))
+        data = ds.MindDataset(files, columns_list=["input_ids"], shuffle=False, num_parallel_workers=1)
+        data = data.batch(batch, drop_remainder=True).take(tcfg.eval_batches)
+        self.batches = [b for (b,) in data.create_tuple_iterator(num_epochs=1)]  # held once: the same ones each time
+        run.log(f"train: validation loss every {self.every} steps on {len(self.batches)} batches of {batch} held-out "
+                f"samples ({self.manifest['total_samples']} in {self.dir})")
+
+    def loss(self, run: TrainRun) -> float:
+        values = [float(run.session.net(b).asnumpy()) for b in self.batches]
+        return float(np.mean(values)) if values else float("nan")
+
+    def on_train_step_end(self, run: TrainRun) -> None:
+        done = run.step + 1
+        run.val_loss = None
+        if done % self.every == 0 or done in (run.tcfg.steps, run.end):
+            run.val_loss = self.loss(run)
+            run.val_losses.append([done, run.val_loss])
+            run.log(f"  step {done:>5}/{run.tcfg.steps}  validation loss {run.val_loss:.4f}")
+
+    def on_train_end(self, run: TrainRun) -> None:
+        vals = [v for _, v in run.val_losses]
+        run.validation = {"shards": os.path.abspath(self.dir), "samples": self.manifest["total_samples"],
+                          "every": self.every, "batches": len(self.batches), "losses": run.val_losses,
+                          "first_loss": vals[0] if vals else None, "last_loss": vals[-1] if vals else None}
+
+
 class FirstBatchCheck(Callback):
     """The guide's checks for a loss that will not fall, on the first batch of a fresh run."""
 
@@ -336,6 +383,8 @@ class MetricsLog(Callback):
                   "compute_s": run.compute_s}
         if run.session.scaler is not None:
             record.update(loss_scale=run.loss_scale, overflow=run.overflow)
+        if run.val_loss is not None:
+            record["val_loss"] = run.val_loss
         self.metrics.write(json.dumps(record) + "\n")
         self.metrics.flush()
 
@@ -462,6 +511,8 @@ class SummaryWriter(Callback):
             "model": session.shape.__dict__,
             "shards": os.path.abspath(self.shards_dir),
         }
+        if run.validation is not None:
+            run.summary["validation"] = run.validation
         write_json_atomic(run.out / "summary.json", run.summary)
 
 
@@ -491,13 +542,16 @@ def _resume(session: _Session, out: Path, tcfg: Any, metrics_path: Path, log: Ca
 
 
 def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] = print, resume: bool = False,
-          stop_after: Optional[int] = None, verify: bool = True) -> dict[str, Any]:
+          stop_after: Optional[int] = None, verify: bool = True, validation_dir: Optional[str] = None) -> dict[str, Any]:
     """Train for `tcfg.steps` optimizer steps on rank `tcfg.rank`'s share; with `resume`, continue
     from the newest checkpoint in OUT/checkpoints at the exact next batch. `stop_after` ends this
     process after that many steps (a time-boxed job; resume it later). The shards are checked
     against their manifest first (sizes, sha256, tokenizer, indexes); `verify=False` checks only the
-    manifest and that the files are there."""
+    manifest and that the files are there. With `validation_dir` (held-out shards with their own
+    manifest), the validation loss is measured every `tcfg.eval_every` steps (metrics.jsonl `val_loss`,
+    summary.json `validation`)."""
     check_shards(shards_dir, verify, log)  # before MindSpore: damaged shards are refused in seconds
+    validation = Validation(validation_dir, log, verify) if validation_dir else None
     tcfg = _fit_memory(shards_dir, tcfg, log)
     warmup = tcfg.warmup_steps if tcfg.warmup_steps is not None else max(1, round(0.02 * tcfg.steps))
     session = _Session(shards_dir, tcfg, lr_schedule(tcfg.steps, tcfg.lr, warmup, tcfg.min_lr_ratio), log)
@@ -515,8 +569,8 @@ def train(shards_dir: str, out_dir: str, tcfg: Any, log: Callable[[str], None] =
     # appended to, never through a link planted in the output folder (O_NOFOLLOW: refused instead)
     metrics_fd = os.open(metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     with os.fdopen(metrics_fd, "a", encoding="utf-8") as metrics:
-        fit(run, [FirstBatchCheck(), MetricsLog(metrics), OverflowReport(), StepLog(), FlatLossCheck(), ProfilerWindow(),
-                  Checkpointer(), SummaryWriter(shards_dir)])
+        fit(run, [FirstBatchCheck(), *([validation] if validation else []), MetricsLog(metrics), OverflowReport(),
+                  StepLog(), FlatLossCheck(), ProfilerWindow(), Checkpointer(), SummaryWriter(shards_dir)])
     return run.summary
 
 

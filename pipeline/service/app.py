@@ -208,6 +208,10 @@ def prepare_job(req: JobRequest, roots: DataRoots, job_id: str) -> tuple[dict, l
             if req.kind == "run" and not (os.path.isfile(model) or os.path.isfile(os.path.join(model, "tokenizer.json"))):
                 raise _error(422, f"config.tokenizer.model: {cfg.tokenizer.model} is not a file (nor a folder holding "
                              "tokenizer.json)", ["config.tokenizer.model"])
+        config["dedup"]["reference"] = [roots.resolve(f"config.dedup.reference[{i}]", p)
+                                        for i, p in enumerate(cfg.dedup.reference)]
+        for i, s in enumerate(cfg.decontaminate.sets):
+            config["decontaminate"]["sets"][i]["path"] = roots.resolve(f"config.decontaminate.sets[{i}].path", s.path)
         shards = None
         if req.kind == "train":
             if not req.shards:

@@ -28,6 +28,7 @@ from .safefs import find_link
 PATH_FIELDS: dict[tuple[str, ...], str] = {
     ("input", "paths"): "inputs",
     ("tokenizer", "model"): "file",  # or a Hugging Face folder holding tokenizer.json
+    ("dedup", "reference"): "folders",  # earlier run directories (read only); decontaminate.sets[].path: "file"
 }
 NOT_PATHS: set[tuple[str, ...]] = {
     ("input", "text_field"), ("input", "id_field"), ("input", "source_field"), ("input", "on_error"),
@@ -37,7 +38,7 @@ NOT_PATHS: set[tuple[str, ...]] = {
     ("tokenizer", "bos_token"), ("tokenizer", "eos_token"), ("tokenizer", "pad_token"), ("tokenizer", "tiktoken_pattern"),
     ("tokenizer", "tiktoken_special_tokens"), ("shard", "format"),
     ("filter", "scripts", "keep"),
-    ("pack", "mode"), ("pack", "remainder"),
+    ("pack", "mode"), ("pack", "remainder"), ("mix", "rest"),
     ("shard", "layout"), ("shard", "remainder"), ("shard", "verify"),
     ("cluster", "address"), ("cluster", "memory_limit"), ("cluster", "dashboard_address"),
     ("train", "num_parallel_workers"), ("train", "precision"),

@@ -18,7 +18,7 @@ from corpusmill.stages.base import write_json_atomic, write_table_atomic, write_
 from ..rundir import EXPORT_KEPT, EXPORT_REMOVED
 from ..step import Step, StepContext, StepResult
 
-DEDUP_STEPS = ("exact_dedup", "near_dedup")
+DEDUP_STEPS = ("reference_dedup", "exact_dedup", "near_dedup")
 
 
 class ExportStep(Step):

@@ -33,7 +33,8 @@ class ReadStep(DocumentStep):
         """The input files themselves: name, size and mtime (expanded here, before any work, so a
         missing or unreadable input is an error before the cluster starts)."""
         self.files = read.expand_inputs(cfg.input.paths)
-        return [(read.display_path(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in self.files]
+        files = [(read.display_path(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in self.files]
+        return [files, {"language_cjk_share": cfg.filter.scripts.cjk_share}]  # the `language` column's threshold
 
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         ic = ctx.cfg.input
@@ -45,7 +46,8 @@ class ReadStep(DocumentStep):
                 seg.first_line = running.get(seg.file_index, 0) + 1
                 running[seg.file_index] = running.get(seg.file_index, 0) + n
         opts = read.ReadOptions(ic.text_field, ic.id_field, ic.source_field, int(ic.part_size_mb * 2**20),
-                                sample=ic.sample, sample_seed=ic.sample_seed, on_error=ic.on_error)
+                                sample=ic.sample, sample_seed=ic.sample_seed, on_error=ic.on_error,
+                                cjk_share=ctx.cfg.filter.scripts.cjk_share)
         results = ctx.run_parts([(f"unit-{u.index:05d}", delayed(_read_unit)(u, opts, str(folder)), None) for u in units],
                                 "read")
         stats: dict = {}

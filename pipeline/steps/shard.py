@@ -10,15 +10,30 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+import pyarrow as pa
 from dask import delayed
 
-from corpusmill.stages import manifest, megatron, pack, shard
-from corpusmill.stages.base import write_json_atomic, write_text_atomic
+from corpusmill.stages import composition, manifest, megatron, pack, shard
+from corpusmill.stages.base import write_json_atomic, write_table_atomic, write_text_atomic
 
 from .. import __version__
+from ..config import ShardConfig
 from ..progress import utc_now
-from ..rundir import SHARDS_STAGING
+from ..rundir import SHARDS_STAGING, VALIDATION_SHARDS
 from ..step import PipelineError, Step, StepContext, StepResult
+from .tokenize import VALIDATION
+
+
+SAMPLE_GROUPS = "sample_groups.parquet"  # each sample's (source, language) group, beside the MindRecord files
+
+
+def _nested(groups: list[dict]) -> dict:
+    """The manifest's group list as {source: {language: {tokens, samples}}} (the ledger's shape)."""
+    out: dict = {}
+    for g in groups:
+        out.setdefault(g["source"], {})[g["language"]] = {"tokens": g["tokens"], "samples": g["samples"]}
+    return out
 
 
 MEGATRON_DIR = "megatron"  # the .bin/.idx pairs' folder inside shards/
@@ -43,22 +58,30 @@ class ShardStep(Step):
 
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         sc = ctx.cfg.shard
+        validation = ctx.rundir.file(VALIDATION_SHARDS)
+        if validation.exists():  # never left from an earlier run: it would be trained against as this run's
+            shutil.rmtree(validation)
         staging = ctx.rundir.file(SHARDS_STAGING)
         if staging.exists():
             shutil.rmtree(staging)
         staging.mkdir()
         try:
+            mix = None
             if sc.format == "megatron":
                 stats, files, plan, labels = {"windows_in": 0, "files": 0, "layout": sc.layout}, [], _NO_SAMPLES, False
             else:
-                stats, files, plan, labels = self._write_mindrecord(ctx, staging)
+                parts = ctx.parts(self.reads)
+                stats, files, plan, labels, counts = self._write_mindrecord(ctx, parts, staging, sc, "shard")
+                mix = self._composition(ctx, parts, counts, plan, staging, sc.seed)
             pairs = self._write_megatron(ctx, staging) if sc.format != "mindrecord" else None
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)  # half-written files are never resumed
             raise
-        doc = self._publish(ctx, folder, staging, files, plan, labels, pairs)
+        doc = self._publish(ctx, folder, staging, files, plan, labels, sc, pairs, mix)
         stats.update(samples=plan.used, samples_per_rank=plan.per_rank, dropped_samples=plan.dropped,
                      repeated_samples=plan.repeated, tokens=doc["total_tokens"], bytes=sum(x["bytes"] for x in files))
+        if mix:
+            stats["by_group"] = _nested(mix["groups"])
         if pairs is not None:
             stats.update(megatron_pairs=len(pairs), megatron_documents=sum(p["documents"] for p in pairs),
                          megatron_tokens=sum(p["tokens"] for p in pairs), megatron_dtype=pairs[0]["dtype"],
@@ -66,13 +89,40 @@ class ShardStep(Step):
             stats["bytes"] += stats["megatron_bytes"]
             if sc.format == "megatron":
                 stats["tokens"] = stats["megatron_tokens"]
+        held_out = ctx.rundir.folder(self.reads) / VALIDATION
+        val_parts = sorted(str(p) for p in held_out.glob("part-*.arrow")) if held_out.is_dir() else []
+        if val_parts:
+            # one rank, one file: any rank may evaluate on all of it
+            vc = sc.model_copy(update={"ranks": 1, "files_per_rank": 1, "layout": "per_rank", "remainder": "drop"})
+            stats["validation"] = self._write_validation(ctx, val_parts, validation, vc)
+        elif ctx.cfg.split.validation > 0:
+            ctx.log("  shard: the validation split holds no complete window: no validation shards written")
         return StepResult(stats)
 
-    def _write_mindrecord(self, ctx: StepContext, staging: Path) -> tuple[dict, list[dict], shard.ShardPlan, bool]:
-        """The packed windows shuffled into per-rank (or global) MindRecord files in `staging`."""
-        sc, window = ctx.cfg.shard, ctx.cfg.pack.seq_length + 1
+    def _write_validation(self, ctx: StepContext, parts: list[str], folder: Path, sc: ShardConfig) -> dict:
+        """The held-out windows as their own MindRecord set in `folder`, with its own manifest."""
+        staging = ctx.rundir.file(VALIDATION_SHARDS + ".tmp")
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+        try:
+            stats, files, plan, labels, counts = self._write_mindrecord(ctx, parts, staging, sc, "shard validation")
+            mix = self._composition(ctx, parts, counts, plan, staging, sc.seed)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        doc = self._publish(ctx, folder, staging, files, plan, labels, sc, None, mix)
+        stats.update(samples=plan.used, samples_per_rank=plan.per_rank, dropped_samples=plan.dropped,
+                     repeated_samples=plan.repeated, tokens=doc["total_tokens"], bytes=sum(x["bytes"] for x in files))
+        if mix:
+            stats["by_group"] = _nested(mix["groups"])
+        return stats
+
+    def _write_mindrecord(self, ctx: StepContext, parts: list[str], staging: Path, sc: ShardConfig,
+                          label: str) -> tuple[dict, list[dict], shard.ShardPlan, bool, list[int]]:
+        """The packed windows of `parts` shuffled into per-rank (or global) MindRecord files in `staging`."""
+        window = ctx.cfg.pack.seq_length + 1
         labels = ctx.cfg.pack.mode != "concat"  # windows that can hold padding carry masked labels
-        parts = ctx.parts(self.reads)
         counts = [shard.count_windows(p) for p in parts]
         total = int(sum(counts))
         try:
@@ -82,14 +132,14 @@ class ShardStep(Step):
         names = [shard.file_name(sc.layout, *plan.file_of(i), sc.files_per_rank, sc.ranks) for i in range(plan.files)]
         tasks = [delayed(shard.gather_and_write)(parts, counts, sc.seed, plan.file_bounds[i], plan.file_bounds[i + 1],
                                                  plan.used, str(staging / name), window, sc.write_batch, labels, sc.verify,
-                                                 dask_key_name=f"shard-write-{i}")
+                                                 dask_key_name=f"{label.replace(' ', '-')}-write-{i}")
                  for i, name in enumerate(names)]
         balance = (f"{plan.dropped} dropped" if sc.remainder == "drop" else f"{plan.repeated} repeated") + " for equal ranks"
-        ctx.log(f"  shard: {total} samples -> {sc.ranks} ranks x {plan.per_rank} samples ({balance}), "
+        ctx.log(f"  {label}: {total} samples -> {sc.ranks} ranks x {plan.per_rank} samples ({balance}), "
                 f"{plan.files} MindRecord files, layout {sc.layout}")
         setup_s = self._warm_up_writers(ctx)
         started = time.perf_counter()
-        written = ctx.run(tasks, f"shard: shuffle + write + {sc.verify} check")
+        written = ctx.run(tasks, f"{label}: shuffle + write + {sc.verify} check")
         write_s = time.perf_counter() - started
         task_seconds = sum(w.pop("task_seconds") for w in written)
         files = [{"path": name, "rank": plan.file_of(i)[0] if sc.layout == "per_rank" else None, **w}
@@ -103,7 +153,31 @@ class ShardStep(Step):
             "task_seconds": task_seconds,
             "payload_bytes_per_sample": window * 4 * (2 if labels else 1),
             "write_s": round(write_s, 3),
-        }, files, plan, labels
+        }, files, plan, labels, counts
+
+    def _composition(self, ctx: StepContext, parts: list[str], counts: list[int], plan: shard.ShardPlan,
+                     staging: Path, seed: int) -> Optional[dict]:
+        """Tokens and samples per source and language in the shards (a sample counts for the group
+        holding most of its ids), and `sample_groups.parquet`: each sample's group, by file and row.
+        None when the packed windows carry no groups."""
+        names = ctx.stats(self.reads).get("group_names")
+        found = composition.shard_composition(parts, counts, seed, plan.used) if names else None
+        if found is None:
+            return None
+        sample_group = found["sample_group"]
+        bounds = np.asarray(plan.file_bounds, np.int64)
+        pos = np.arange(plan.used, dtype=np.int64)
+        file_of = np.searchsorted(bounds, pos, side="right") - 1
+        write_table_atomic(pa.table({"file": pa.array(file_of.astype(np.int32)),
+                                     "row": pa.array(pos - bounds[file_of]),
+                                     "group": pa.array(sample_group.astype(np.int32))}), staging / SAMPLE_GROUPS)
+        groups = [{"group": c, "source": src, "language": lang,
+                   "tokens": int(found["tokens"][c]) if c < len(found["tokens"]) else 0,
+                   "samples": int(found["samples"][c]) if c < len(found["samples"]) else 0}
+                  for c, (src, lang) in enumerate(names)]
+        return {"groups": groups, "samples_file": SAMPLE_GROUPS,
+                "note": "a sample counts for the (source, language) holding most of its ids; "
+                        f"{SAMPLE_GROUPS} gives each sample's group by file (index into files) and row"}
 
     def _write_megatron(self, ctx: StepContext, staging: Path) -> list[dict]:
         """One Megatron `.bin/.idx` pair per rank under `staging/megatron/`: the tokenized documents,
@@ -130,10 +204,10 @@ class ShardStep(Step):
         return [{"prefix": prefix, "rank": r, **w} for r, (prefix, w) in enumerate(zip(prefixes, written))]
 
     def _publish(self, ctx: StepContext, folder: Path, staging: Path, files: list[dict], plan: shard.ShardPlan,
-                 labels: bool, pairs: Optional[list[dict]] = None) -> dict:
+                 labels: bool, sc: ShardConfig, pairs: Optional[list[dict]] = None, mix: Optional[dict] = None) -> dict:
         """The tokenizer, the manifest and the mindformers snippet beside the written files, then
         `shards.tmp/` renamed to `shards/` (the folder, never a MindRecord file). Returns the manifest."""
-        sc, window = ctx.cfg.shard, ctx.cfg.pack.seq_length + 1
+        window = ctx.cfg.pack.seq_length + 1
         tok = ctx.output("tokenize", "tokenizer")
         tokenizer_file = Path(tok.path).name  # tokenizer.model, tokenizer.json, tokenizer.tekken.json, tokenizer.tiktoken
         shutil.copyfile(tok.path, staging / tokenizer_file)
@@ -146,7 +220,8 @@ class ShardStep(Step):
             pack_mode=ctx.cfg.pack.mode, layout=sc.layout, ranks=sc.ranks, files_per_rank=sc.files_per_rank,
             samples_per_rank=plan.per_rank, total_samples=plan.used, dropped=plan.dropped, repeated=plan.repeated,
             remainder=sc.remainder, shuffle_seed=sc.seed, files=files, tokenizer_file=tokenizer_file,
-            megatron=None if pairs is None else {"dtype": pairs[0]["dtype"], "pairs": pairs}, formats=_formats(sc.format))
+            megatron=None if pairs is None else {"dtype": pairs[0]["dtype"], "pairs": pairs},
+            formats=_formats(sc.format) if pairs is not None else None, composition=mix)
         if files:
             write_text_atomic(staging / "mindformers_train_dataset.yaml", shard.mindformers_snippet(
                 str(folder.resolve()), sc.layout, window, ["input_ids", "labels"] if labels else ["input_ids"],

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from dask import delayed
 
-from corpusmill.stages import pack, tokenize
+from corpusmill.stages import mixing, pack, tokenize
 from corpusmill.stages import tokenizer_kinds as kinds
 from corpusmill.stages.base import merge_stats, write_table_atomic
 
@@ -24,6 +24,7 @@ from ..step import PipelineError, Step, StepContext, StepResult
 TOKENIZE_SLICE_MB = 2  # tokenizing is the slowest step: slices this size keep every worker busy to the end
 CHECK_SAMPLE_DOCS = 200  # documents the tokenizer checks (unknown-token rate, round trip) look at
 MODEL_FILE = "tokenizer.model"  # the SentencePiece file's name in the step folder and beside the shards
+VALIDATION = "validation"  # the pack step's subfolder of held-out windows (split.validation)
 HF_CONFIG_FILE = "tokenizer_config.json"
 
 
@@ -114,7 +115,7 @@ class TokenizeStep(Step):
                                  {"model_path": str(model_path), "add_bos": tc.add_bos, "add_eos": tc.add_eos,
                                   "batch_docs": tc.batch_docs, "spec": info.spec(), "bos_id": info.bos_id,
                                   "eos_id": info.eos_id}, reader="arrow", split_mb=TOKENIZE_SLICE_MB,
-                                 suffix=".arrow", columns=["uid", "text"],  # uncompressed Arrow IPC: 3x faster to write than zstd Parquet
+                                 suffix=".arrow", columns=["uid", "text", "source", "language"],  # uncompressed Arrow IPC: 3x faster to write than zstd Parquet
                                  fingerprint=info.sha256)  # a resumed try keeps the parts of this tokenizer file only
         stats["prepare_s"] = round(prepared - started, 3)  # sample, train or copy the model, checks
         stats["encode_s"] = round(time.perf_counter() - prepared, 3)
@@ -187,6 +188,16 @@ class PackStep(Step):
 
     name = "pack"
     config_sections = ("pack",)
+
+    def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
+        """The validation split and the mixture join the link only when used, so a run without them
+        resumes as before."""
+        extra = {}
+        if cfg.split.validation > 0:
+            extra["split"] = cfg.split.model_dump(mode="json")
+        if cfg.mix.sources:
+            extra["mix"] = cfg.mix.model_dump(mode="json")
+        return [previous, extra] if extra else previous
     counters = ("mode", "tokens_in", "windows", "docs_split", "docs_truncated", "tokens_dropped", "pad_tokens",
                 "padding_share")
 
@@ -226,20 +237,87 @@ class PackStep(Step):
         return stats
 
     def _pack_shuffled(self, ctx: StepContext, folder: Path, window: int, pad_id: int) -> dict:
-        """The corpus's documents in the seeded order, packed group by group (see the class)."""
-        pc = ctx.cfg.pack
+        """The corpus's documents in the seeded order, packed group by group (see the class). With
+        `split.validation`, the held-out documents are packed apart into `validation/`."""
+        pc, share = ctx.cfg.pack, ctx.cfg.split.validation
         parts = ctx.parts(self.reads)
         index = ctx.run([delayed(pack.document_index)(p, pc.seed) for p in parts], "pack: document order")
-        order = pack.document_order(index)
-        del index
+        pairs, codes = pack.global_codes(index)
+        held_out = None
+        if share > 0:
+            if any("doc_hash" not in x for x in index):
+                raise PipelineError("pack: split.validation needs the tokenized parts' doc_hash column (rerun tokenize)")
+            masks = [mixing.validation_mask(x["doc_hash"], share, ctx.cfg.split.seed) for x in index]
+            held_out = ([pack.subset(x, m) for x, m in zip(index, masks)], [c[m] for c, m in zip(codes, masks)])
+            index = [pack.subset(x, ~m) for x, m in zip(index, masks)]
+            codes = [c[~m] for c, m in zip(codes, masks)]
+        mixed = None
+        if ctx.cfg.mix.sources:
+            index, codes, mixed = self._mix(ctx, index, codes, pairs)
+        order = pack.document_order(index, codes)
+        del index, codes
+        if not len(order.length):
+            raise PipelineError(f"pack: no document is left for training after holding out split.validation {share}")
+        stats = self._pack_order(ctx, folder, parts, order, pairs, window, pad_id, "pack")
+        if mixed is not None:
+            stats["mix"] = mixed
+        if held_out is not None:
+            val_order = pack.document_order(*held_out)
+            val_folder = folder / VALIDATION
+            val_folder.mkdir()
+            stats["validation"] = self._pack_order(ctx, val_folder, parts, val_order, pairs, window, pad_id,
+                                                   "pack validation") if len(val_order.length) else {"docs_in": 0}
+            v = stats["validation"]
+            ctx.log(f"  pack: validation split {share:g} (seed {ctx.cfg.split.seed}): {v['docs_in']} documents held out"
+                    + (f", {v['tokens_in']} tokens -> {v['windows']} windows" if v["docs_in"] else ""))
+        return stats
+
+    def _mix(self, ctx: StepContext, index: list[dict], codes: list[np.ndarray],
+             pairs: list) -> tuple[list[dict], list[np.ndarray], dict]:
+        """`mix:` applied to the training documents: each one's copies (0: left out, 2+: repeated), drawn
+        in the driver from the index alone; returns the index with the copies, their codes, and what
+        each rule asked for and got."""
+        from corpusmill.stages import read
+
+        mc = ctx.cfg.mix
+        if any("doc_hash" not in x for x in index):
+            raise PipelineError("pack: mix needs the tokenized parts' doc_hash column (rerun tokenize)")
+        sizes = [len(x["uid"]) for x in index]
+        cat = lambda k, dt: np.concatenate([x[k] for x in index]) if index else np.empty(0, dt)  # noqa: E731
+        uids, tokens, hashes = cat("uid", np.int64), cat("n_tokens", np.int64), cat("doc_hash", np.uint64)
+        all_codes = np.concatenate(codes) if codes else np.empty(0, np.int32)
+        paths = [read.display_path(f) for f in read.expand_inputs(ctx.cfg.input.paths)]
+        rules = [{"name": r.label(), **r.match.model_dump(), "weight": r.weight, "tokens": r.tokens, "epochs": r.epochs,
+                  "max_epochs": r.max_epochs} for r in mc.sources]
+        owner, home = mixing.match_rules(pairs, all_codes, (uids >> 32).astype(np.int64), paths, rules)
+        copies, summary = mixing.plan_mix(tokens, hashes, owner, home, rules, mc.rest, mc.total_tokens, mc.seed)
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        out_index, out_codes = [], []
+        for i, x in enumerate(index):
+            c = copies[bounds[i]:bounds[i + 1]]
+            out_index.append(pack.with_copies(x, c))
+            out_codes.append(np.repeat(codes[i], c))
+        for r in summary["rules"]:
+            ctx.log(f"  pack: mix {r['rule']}: {r['kind']} {r['value']:g} -> {r['tokens_delivered']:,} tokens "
+                    f"({100 * r['share_delivered']:.2f}% delivered, {100 * r['share_asked']:.2f}% asked); "
+                    f"{r['documents_drawn']:,} of {r['documents']:,} documents, {r['repeated_copies']:,} repeated copies")
+        return out_index, out_codes, summary
+
+    def _pack_order(self, ctx: StepContext, folder: Path, parts: list[str], order: pack.DocumentOrder,
+                    pairs: list, window: int, pad_id: int, label: str) -> dict:
+        """Pack one ordered stream of documents into `folder` (the training set, or the validation set)."""
+        pc = ctx.cfg.pack
         groups = pack.plan_groups(order, window, pc.mode, PACK_GROUP_TOKENS)
         width = max(5, len(str(len(groups))))
-        ctx.log(f"  pack: {len(order.length)} documents of {len(parts)} parts in a seeded order (seed {pc.seed}) -> "
+        ctx.log(f"  {label}: {len(order.length)} documents of {len(parts)} parts in a seeded order (seed {pc.seed}) -> "
                 f"{len(groups)} groups of about {PACK_GROUP_TOKENS:,} ids")
         names = [f"part-{i:0{width}d}.arrow" for i in range(len(groups))]
-        results = ctx.run_parts([(name, delayed(_timed)(pack.pack_group, parts, g, window, pc.mode, pc.remainder, pad_id,
-                                                        str(folder / name), dask_key_name=f"pack-group-{i}"), [name])
-                                 for i, (name, g) in enumerate(zip(names, groups))], "pack: gather + pack")
+        # a task's key and files are relative to the step's folder (the validation set packs into a subfolder)
+        rel = [os.path.relpath(folder / name, ctx.rundir.folder(self.name)) for name in names]
+        results = ctx.run_parts([(r.replace(os.sep, "__"), delayed(_timed)(pack.pack_group, parts, g, window, pc.mode,
+                                                                          pc.remainder, pad_id, str(folder / name),
+                                                                          dask_key_name=f"{label.replace(' ', '-')}-group-{i}"),
+                                  [r]) for i, (name, r, g) in enumerate(zip(names, rel, groups))], f"{label}: gather + pack")
         stats: dict = {"windows": 0, "tokens_dropped": 0, "pad_tokens": 0, "docs_split": 0, "docs_truncated": 0}
         for r in results:
             merge_stats(stats, r)
@@ -247,8 +325,16 @@ class PackStep(Step):
             gathered = stats.pop("ids", 0)
             stats.update(pack.concat_stats(order.length, window))
             if gathered != stats["tokens_in"]:
-                raise PipelineError(f"pack: gathered {gathered} ids of {stats['tokens_in']} tokenized")
+                raise PipelineError(f"{label}: gathered {gathered} ids of {stats['tokens_in']} tokenized")
         stats.update(docs_in=len(order.length), order_seed=pc.seed, groups=len(groups))
+        stats["tokens_kept"] = stats["tokens_in"] - stats["tokens_dropped"]
+        tokens, samples = stats.pop("group_tokens", {}), stats.pop("group_samples", {})
+        if pairs:  # per (source, language): ids in the windows, and windows in which it holds the most ids
+            stats["by_group"] = {}
+            for c, (source, language) in enumerate(pairs):
+                stats["by_group"].setdefault(source, {})[language] = {"tokens": int(tokens.get(str(c), 0)),
+                                                                     "samples": int(samples.get(str(c), 0))}
+            stats["group_names"] = [list(p) for p in pairs]
         return stats
 
 

@@ -14,7 +14,7 @@ from corpusmill.stages.shingles import ShingleSpec
 
 from ...config import Config
 from ...step import PipelineError, StepContext, StepResult
-from . import clustering, removal
+from . import clustering, reference, removal
 from .minhash_edges import minhash_edges
 from .simhash_edges import simhash_edges
 
@@ -57,8 +57,9 @@ class NearDedupStep(removal.DedupStep):
         nparts = max(1, len(parts))
         spec = self.signature_spec(ctx.cfg)
         sig_paths = [str(folder / "signatures" / Path(p).name) for p in parts]
-        results = ctx.run([delayed(near_dedup.signature_part)(p, s, spec) for p, s in zip(parts, sig_paths)],
-                          "near_dedup: signatures")
+        results = reference.reused_signatures(ctx, parts, sig_paths) or \
+            ctx.run([delayed(near_dedup.signature_part)(p, s, spec) for p, s in zip(parts, sig_paths)],
+                    "near_dedup: signatures")
         stats: dict = {"docs_in": sum(r["docs"] for r in results), "edges": {}}
         if spec.keep_field:
             stats["keep_field_missing"] = self._check_keep_field(ctx, spec.keep_field, stats["docs_in"], results)

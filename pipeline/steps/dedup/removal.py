@@ -163,7 +163,9 @@ def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, An
     columns = ["uid", "reason", "cluster_id", "cluster_size", "duplicate_of", "duplicate_of_id"]
     table = pq.read_table(files, columns=columns) if files else None
     drop = np.sort(table.column("uid").to_numpy()) if table is not None else np.empty(0, np.int64)
-    stats["docs_out"] = remove_documents(ctx, source, folder, drop, None, "near_dedup: remove").get("docs_out", 0)
+    passed = remove_documents(ctx, source, folder, drop, None, "near_dedup: remove")
+    stats["docs_out"] = passed.get("docs_out", 0)
+    stats["by_group"] = passed.get("by_group", {})
     reasons = table.column("reason").to_pandas().value_counts().to_dict() if table is not None else {}
     stats["removed"] = {str(k): int(v) for k, v in reasons.items()}
     exact_files = ctx.rundir.removed_files("exact_dedup")
