@@ -110,8 +110,9 @@ def project_full_run(ledger: dict[str, Any], stats: dict[str, dict], fraction: f
     """What the full run would give, from a run on a seeded `fraction` of the documents.
 
     Counts scale by 1 / fraction; the number of input records is exact (the reader counts the ones
-    it skips). Duplicates are a lower bound: most of a sampled document's copies fall outside a
-    small sample. A stage's time splits into work that scales (its tasks' compute seconds over the
+    it skips). A duplicate pair is seen only when both copies are sampled, so duplicates scale by
+    1 / fraction^2 (exact for pairs; larger clusters are a little over-counted) and kept, tokens and
+    samples shrink by the copies that would be removed. A stage's time splits into work that scales (its tasks' compute seconds over the
     workers) and a fixed part (the rest: scheduling, tokenizer training on a fixed-size sample,
     start-up), which does not."""
     scale = 1.0 / fraction
@@ -120,14 +121,22 @@ def project_full_run(ledger: dict[str, Any], stats: dict[str, dict], fraction: f
         "input": int(read["docs_in"]) + int(read.get("not_sampled", 0)),
         **{k: round(ledger[k] * scale) for k in ("kept", "filtered", "duplicates", "quarantined")},
     }
+    # a duplicate pair is seen only when both copies are sampled (fraction^2 of the pairs), while a pair
+    # with one copy sampled keeps it: for pairs, the full run removes duplicates / fraction^2, and
+    # kept (and what is made of it: tokens, samples) shrinks by the difference
+    dups = ledger["duplicates"]
+    kept_full = max(0.0, ledger["kept"] * scale - dups * (scale * scale - scale))
+    shrink = kept_full / (ledger["kept"] * scale) if ledger["kept"] else 1.0
+    projected["duplicates"] = round(dups * scale * scale)
+    projected["kept"] = round(kept_full)
     for key in ("tokens", "samples", "samples_per_rank"):
         if key in ledger:
-            projected[key] = round(ledger[key] * scale)
+            projected[key] = round(ledger[key] * scale * shrink)
     if "shard" in stats:
         # a MindRecord file is its samples plus a header and index that do not grow with them
         sh = stats["shard"]
         payload = int(sh.get("payload_bytes_per_sample", 0)) * int(sh["samples"])
-        projected["shard_bytes"] = round(payload * scale + max(0, int(sh["bytes"]) - payload))
+        projected["shard_bytes"] = round(payload * scale * shrink + max(0, int(sh["bytes"]) - payload))
     wall = 0.0
     for name, seconds in (ledger.get("run", {}).get("seconds_per_stage") or {}).items():
         task_s = float(stats.get(name, {}).get("task_seconds", 0.0))
@@ -139,6 +148,7 @@ def project_full_run(ledger: dict[str, Any], stats: dict[str, dict], fraction: f
         "seed": seed,
         "documents_not_sampled": int(read.get("not_sampled", 0)),
         "projected_full_run": projected,
-        "note": "counts scale by 1/fraction; duplicates are a lower bound (copies of a sampled document are "
-                "mostly outside the sample); wall time scales only the stages' task compute",
+        "note": "counts scale by 1/fraction; duplicates by 1/fraction^2 (a pair is seen only when both copies "
+                "are sampled), kept, tokens and samples less the copies that would be removed; wall time scales "
+                "only the stages' task compute",
     }

@@ -210,6 +210,9 @@ def prepare_job(req: JobRequest, roots: DataRoots, job_id: str) -> tuple[dict, l
                              "tokenizer.json)", ["config.tokenizer.model"])
         config["dedup"]["reference"] = [roots.resolve(f"config.dedup.reference[{i}]", p)
                                         for i, p in enumerate(cfg.dedup.reference)]
+        if cfg.filter.blocked_words.file:
+            config["filter"]["blocked_words"]["file"] = roots.resolve("config.filter.blocked_words.file",
+                                                                      cfg.filter.blocked_words.file)
         for i, s in enumerate(cfg.decontaminate.sets):
             config["decontaminate"]["sets"][i]["path"] = roots.resolve(f"config.decontaminate.sets[{i}].path", s.path)
         shards = None

@@ -29,6 +29,7 @@ PATH_FIELDS: dict[tuple[str, ...], str] = {
     ("input", "paths"): "inputs",
     ("tokenizer", "model"): "file",  # or a Hugging Face folder holding tokenizer.json
     ("dedup", "reference"): "folders",  # earlier run directories (read only); decontaminate.sets[].path: "file"
+    ("filter", "blocked_words", "file"): "file",  # the user's word list
 }
 NOT_PATHS: set[tuple[str, ...]] = {
     ("input", "text_field"), ("input", "id_field"), ("input", "source_field"), ("input", "on_error"),
@@ -37,7 +38,8 @@ NOT_PATHS: set[tuple[str, ...]] = {
     ("tokenizer", "train", "model_type"), ("tokenizer", "train", "user_symbols"), ("tokenizer", "kind"),
     ("tokenizer", "bos_token"), ("tokenizer", "eos_token"), ("tokenizer", "pad_token"), ("tokenizer", "tiktoken_pattern"),
     ("tokenizer", "tiktoken_special_tokens"), ("shard", "format"),
-    ("filter", "scripts", "keep"),
+    ("filter", "scripts", "keep"), ("filter", "language", "keep"), ("normalize", "chinese_convert"),
+    *((("pii", kind, key)) for kind in ("email", "phone", "id_number", "bank_card", "ip") for key in ("action", "token")),
     ("pack", "mode"), ("pack", "remainder"), ("mix", "rest"),
     ("shard", "layout"), ("shard", "remainder"), ("shard", "verify"),
     ("cluster", "address"), ("cluster", "memory_limit"), ("cluster", "dashboard_address"),
