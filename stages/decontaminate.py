@@ -20,21 +20,13 @@ import pyarrow.compute as pc
 import xxhash
 
 from .base import REMOVED_SCHEMA, BatchResult, removed_frame
+from .mixing import mix64
 
 WORD_BREAK = r"[\s\p{P}\p{S}\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]+"
 _PRIME = np.uint64(0x100000001B3)
 _WORD_SALT, _CJK_SALT = np.uint64(0x5BD1E9955BD1E995), np.uint64(0xC2B2AE3D27D4EB4F)
 _CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2FFFF), (0xF900, 0xFAFF), (0x3040, 0x30FF),
                (0xAC00, 0xD7AF))
-
-
-def _fmix(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        x = x ^ (x >> np.uint64(33))
-        x = x * np.uint64(0xFF51AFD7ED558CCD)
-        x = x ^ (x >> np.uint64(33))
-        x = x * np.uint64(0xC4CEB9FE1A85EC53)
-        return x ^ (x >> np.uint64(33))
 
 
 def _rolling(units: np.ndarray, doc: np.ndarray, n: int, salt: np.uint64) -> tuple[np.ndarray, np.ndarray]:
@@ -47,7 +39,7 @@ def _rolling(units: np.ndarray, doc: np.ndarray, n: int, salt: np.uint64) -> tup
         for k in range(n):
             acc = acc * _PRIME + units[k:k + m]
     whole = doc[:m] == doc[n - 1:n - 1 + m]
-    return _fmix(acc[whole] ^ salt), doc[:m][whole]
+    return mix64(acc[whole] ^ salt), doc[:m][whole]
 
 
 def _word_units(texts: pa.Array, lowercase: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -74,7 +66,7 @@ def _cjk_units(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     cjk = np.zeros(len(points), bool)
     for lo, hi in _CJK_RANGES:
         cjk |= (points >= lo) & (points <= hi)
-    return _fmix(points[cjk].astype(np.uint64)), doc[cjk]
+    return mix64(points[cjk].astype(np.uint64)), doc[cjk]
 
 
 def ngram_hashes(texts: list[str], word_n: int, cjk_n: int, lowercase: bool = True) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,7 @@ import numpy as np
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
+def mix64(x: np.ndarray) -> np.ndarray:
     """MurmurHash3's 64-bit finaliser (an avalanching bijection), element-wise on uint64."""
     with np.errstate(over="ignore"):
         x = x ^ (x >> np.uint64(33))
@@ -27,7 +27,7 @@ def seeded_unit(doc_hash: np.ndarray, seed: int, salt: int = 0) -> np.ndarray:
     """A uniform number in [0, 1) per document from its text hash and a seed (and a salt, so the
     split and the mixture's draws are independent)."""
     key = np.uint64((seed * _GOLDEN + salt * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1))
-    mixed = _mix64(np.asarray(doc_hash, np.uint64) ^ _mix64(np.full(1, key, np.uint64))[0])
+    mixed = mix64(np.asarray(doc_hash, np.uint64) ^ mix64(np.full(1, key, np.uint64))[0])
     return (mixed >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 

@@ -260,10 +260,10 @@ def with_copies(entry: dict[str, Any], copies: np.ndarray) -> dict[str, Any]:
     key = out["key"].copy()
     again = nth > 0
     if again.any():
-        from .mixing import _mix64
+        from .mixing import mix64
 
         with np.errstate(over="ignore"):
-            key[again] = _mix64(key[again] ^ (nth[again].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
+            key[again] = mix64(key[again] ^ (nth[again].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
     out["key"] = key
     return out
 

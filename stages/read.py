@@ -750,18 +750,27 @@ def _read_jsonl(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sin
         sink.add(_lost_input(seg, line_no, damage[0]))
 
 
-def _read_txt(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink, stats: dict) -> None:
-    uid = seg.file_index << 32
+def _whole_file(seg: Segment, opts: ReadOptions, sink: "_Sink", stats: dict, uid: int) -> Optional[bytes]:
+    """The bytes of a one-document file (.txt, .html), counted in; None when the sample leaves it
+    out or it cannot be read (then it is lost input, with the reason)."""
     if not opts.sampled(uid):
         stats["not_sampled"] += 1
-        return
+        return None
     try:
         raw = Path(seg.path).read_bytes()
     except OSError as e:
         sink.add(_lost_input(seg, 0, _Damage("unreadable_file", f"cannot read: {e.strerror or e}", 0)))
-        return
+        return None
     stats["docs_in"] += 1
     stats["bytes_in"] += len(raw)
+    return raw
+
+
+def _read_txt(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink, stats: dict) -> None:
+    uid = seg.file_index << 32
+    raw = _whole_file(seg, opts, sink, stats, uid)
+    if raw is None:
+        return
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -790,16 +799,9 @@ def _page_document(body: bytes, declared: Optional[str]) -> tuple[Optional[str],
 def _read_html(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink, stats: dict) -> None:
     """One HTML file, one document: its main text; meta holds the detected encoding."""
     uid = seg.file_index << 32
-    if not opts.sampled(uid):
-        stats["not_sampled"] += 1
+    raw = _whole_file(seg, opts, sink, stats, uid)
+    if raw is None:
         return
-    try:
-        raw = Path(seg.path).read_bytes()
-    except OSError as e:
-        sink.add(_lost_input(seg, 0, _Damage("unreadable_file", f"cannot read: {e.strerror or e}", 0)))
-        return
-    stats["docs_in"] += 1
-    stats["bytes_in"] += len(raw)
     text, meta, problem = _page_document(raw, None)
     if problem is not None:
         sink.add(_Quarantine(seg.path, None, uid, "undecodable_html", problem, raw))

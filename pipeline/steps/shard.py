@@ -36,6 +36,14 @@ def _nested(groups: list[dict]) -> dict:
     return out
 
 
+def _add_set_stats(stats: dict, plan: shard.ShardPlan, doc: dict, files: list[dict], mix: Optional[dict]) -> None:
+    """What a published set of shards (training or validation) adds to its step stats."""
+    stats.update(samples=plan.used, samples_per_rank=plan.per_rank, dropped_samples=plan.dropped,
+                 repeated_samples=plan.repeated, tokens=doc["total_tokens"], bytes=sum(x["bytes"] for x in files))
+    if mix:
+        stats["by_group"] = _nested(mix["groups"])
+
+
 MEGATRON_DIR = "megatron"  # the .bin/.idx pairs' folder inside shards/
 MEGATRON_YAML = "mindformers_megatron_train_dataset.yaml"
 _NO_SAMPLES = shard.ShardPlan(0, 1, 1, 0, 0, 0, [0])  # shard.format megatron: no MindRecord sample
@@ -78,10 +86,7 @@ class ShardStep(Step):
             shutil.rmtree(staging, ignore_errors=True)  # half-written files are never resumed
             raise
         doc = self._publish(ctx, folder, staging, files, plan, labels, sc, pairs, mix)
-        stats.update(samples=plan.used, samples_per_rank=plan.per_rank, dropped_samples=plan.dropped,
-                     repeated_samples=plan.repeated, tokens=doc["total_tokens"], bytes=sum(x["bytes"] for x in files))
-        if mix:
-            stats["by_group"] = _nested(mix["groups"])
+        _add_set_stats(stats, plan, doc, files, mix)
         if pairs is not None:
             stats.update(megatron_pairs=len(pairs), megatron_documents=sum(p["documents"] for p in pairs),
                          megatron_tokens=sum(p["tokens"] for p in pairs), megatron_dtype=pairs[0]["dtype"],
@@ -112,10 +117,7 @@ class ShardStep(Step):
             shutil.rmtree(staging, ignore_errors=True)
             raise
         doc = self._publish(ctx, folder, staging, files, plan, labels, sc, None, mix)
-        stats.update(samples=plan.used, samples_per_rank=plan.per_rank, dropped_samples=plan.dropped,
-                     repeated_samples=plan.repeated, tokens=doc["total_tokens"], bytes=sum(x["bytes"] for x in files))
-        if mix:
-            stats["by_group"] = _nested(mix["groups"])
+        _add_set_stats(stats, plan, doc, files, mix)
         return stats
 
     def _write_mindrecord(self, ctx: StepContext, parts: list[str], staging: Path, sc: ShardConfig,
