@@ -60,6 +60,22 @@ def test_resident_id_numbers_need_the_check_digit_and_a_real_birth_date():
     assert _found(f"身份证号{WRONG_CHECK}，{NO_SUCH_DAY} {FUTURE}") == []
 
 
+def test_first_generation_15_digit_id_numbers_need_a_province_and_a_real_birth_date():
+    old = "110105491231002"  # Beijing Chaoyang, born 1949-12-31, sequence 002
+    assert pii.id_number_valid(old) and pii.id15_valid("440304900228123") and pii.id15_valid("650102600229001")
+    for bad in ("440304900230123",  # 30 February
+                "440304901301123",  # month 13
+                "650102000229001",  # 29 February 1900: no leap day (1900 is not a leap year)
+                "990105491231002",  # no province 99
+                "123456789012345"):  # month 78
+        assert not pii.id_number_valid(bad), bad
+    assert _found(f"旧身份证号{old}，新号{GOOD_ID}。") == [("id_number", old), ("id_number", GOOD_ID)]
+    assert _found(f"ratio 0.{old} and {old}1 and 4{old}") == []  # a decimal fraction, 16 digits
+    rng = np.random.default_rng(0)
+    numbers = rng.integers(10**14, 10**15, 20000)
+    assert np.mean([pii.id15_valid(str(x)) for x in numbers]) < 0.02  # ~1.4% of random numbers pass
+
+
 def test_numbers_that_only_look_like_personal_data_are_left_alone():
     lookalikes = [
         "订单号 202406151234567890 已发货",  # 18 digits, no valid birth date / check
