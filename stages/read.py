@@ -23,6 +23,11 @@ quarantined documents.
 
 Work is planned as *units*: a slice of one large uncompressed JSONL file (read in parallel), or a
 group of small files. Each unit streams its input and writes bounded Parquet parts.
+
+Each part's `language` column is decided as the part is written, for all its documents at once: by
+script (zh / en / other, `stages.quality.script_language`), or with `ReadOptions.language` (set when
+filter.language.enabled) by the fastText model on each document's normalised start, which also
+fills `language_score` (`stages.langid.identify_normalised`).
 """
 from __future__ import annotations
 
