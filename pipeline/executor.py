@@ -18,8 +18,13 @@ from corpusmill.stages.base import DOC_SCHEMA, REMOVED_SCHEMA, BatchResult, read
 
 
 def _as_table(data: Any, schema: pa.Schema) -> pa.Table:
+    """A kernel's frame as a table of `schema`; a nullable column the frame lacks (a part written
+    before the column existed, a kernel that builds its frame anew) is written as nulls."""
     if isinstance(data, pa.Table):
         return data
+    missing = [f.name for f in schema if f.name not in data.columns and f.nullable]
+    if missing:
+        data = data.assign(**{name: None for name in missing})
     return pa.Table.from_pandas(data, schema=schema, preserve_index=False)
 
 

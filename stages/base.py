@@ -29,7 +29,9 @@ DOC_SCHEMA = pa.schema(
         ("text", pa.string()),
         ("source", pa.string()),
         ("meta", pa.string()),  # remaining input fields as JSON, or null
-        ("language", pa.string()),  # zh / en / other by script, set by the reader (stages.quality.script_language)
+        ("language", pa.string()),  # set by the reader: zh / en / other by script (stages.quality.script_language),
+        # or with filter.language.enabled the fastText model's ISO 639-1 code (stages.langid) ...
+        ("language_score", pa.float64()),  # ... and its probability (null without the model)
     ]
 )
 

@@ -51,7 +51,7 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
         scores = scores.drop(columns=["uid", "lines_removed"])
     else:
         scores = score_in_chunks(texts, options)
-        scores = _model_scores(scores, texts, blocked, language)
+        scores = _model_scores(scores, texts, blocked, language, _read_languages(df) if language else None)
         scores = _rescore_overrides(scores, texts, src, overrides, options)
         if "language" in scores:  # an override's rescoring put the heuristic back
             scores["lang"] = scores["language"]
@@ -105,9 +105,18 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
     return BatchResult(kept=out[~drop].reset_index(drop=True), removed=removed_out, stats=stats)
 
 
+def _read_languages(df: pd.DataFrame) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """The model's language and probability the read step gave every document (filter.language.enabled
+    makes them its `language` / `language_score` columns), or None when a document lacks them."""
+    if "language_score" not in df or df["language_score"].isna().any():
+        return None
+    return df["language"].to_numpy(dtype=object), df["language_score"].to_numpy(dtype=np.float64)
+
+
 def _model_scores(scores: pd.DataFrame, texts: list[str], blocked: Optional[dict],
-                  language: Optional[dict]) -> pd.DataFrame:
-    """The scores of a user's blocked-words list and of the language model, beside the others."""
+                  language: Optional[dict], identified: Optional[tuple] = None) -> pd.DataFrame:
+    """The scores of a user's blocked-words list and of the language model, beside the others; the
+    language is the read step's (`identified`) when it has one, else identified here."""
     if blocked:
         from .blocklist import score_blocked
 
@@ -116,7 +125,7 @@ def _model_scores(scores: pd.DataFrame, texts: list[str], blocked: Optional[dict
     if language:
         from .langid import identify
 
-        codes, probs = identify(texts, language.get("max_chars", 2000))
+        codes, probs = identified if identified is not None else identify(texts, language.get("max_chars", 2000))
         scores["language"], scores["language_score"] = codes, probs
         scores["lang"] = codes
     return scores

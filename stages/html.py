@@ -7,7 +7,9 @@ their main text extracted with paragraph breaks kept.
   `<meta charset>` / `<meta http-equiv>` (first 4 KB), else detection (Resiliparse's
   `detect_encoding`, uchardet). GB2312 and GBK are decoded as GB18030 (their superset), Big5 as
   CP950 then Big5-HKSCS. A body that does not decode strictly with the chosen charset (nor with the
-  detected one) raises `UndecodablePage` and the reader quarantines it.
+  detected one), or decodes only into control and replacement characters (`not_text`: random
+  bytes, a compressed body without its Content-Encoding, a page mangled by an earlier decoder),
+  raises `UndecodablePage` and the reader quarantines it (`undecodable_html`, file, record offset).
 - Main text: Resiliparse's `extract_plain_text(main_content=True)`. Measured against trafilatura on
   150 real Sphinx pages (bench/README.md): 19x the speed, fewer navigation lines left, paragraphs as
   blank-line-separated blocks instead of the source's hard-wrapped lines (see bench/html_bench.py).
@@ -62,9 +64,55 @@ def meta_charset(body: bytes) -> Optional[str]:
     return m.group(1).decode("ascii") if m else None
 
 
+# Characters no text holds: C0 controls but tab, newlines and form feed, DEL, C1 controls, U+FFFD (a
+# decoder already gave up on these bytes once), non-characters. A body that decodes "strictly" into many
+# of them is not text in that charset: random bytes are ~24% of them as Latin-1, a gzip body sent without
+# its Content-Encoding ~25%, UTF-16 read as cp1252 ~50%; real pages (python3.11-doc, Chinese law pages in
+# UTF-8 / GBK / Big5) hold none.
+_NOT_TEXT = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f\ufffd\ufffe\uffff]")
+MAX_NOT_TEXT_SHARE = 0.01  # of a decoded page's characters...
+MIN_NOT_TEXT_CHARS = 8  # ...and at least this many: a stray control character or U+FFFD is kept
+
+
+NOT_TEXT_WINDOW = 16384  # characters checked at a page's start, middle and end: the check costs a bounded time
+
+
+def not_text(text: str) -> Optional[str]:
+    """Why a decoded page is not text (too many control / replacement characters), or None. A long
+    page is judged on three windows (start, middle, end; Python's regex scans ~40 MB/s, which over
+    whole pages would add a third to the extraction's time)."""
+    w = NOT_TEXT_WINDOW
+    if len(text) > 3 * w:
+        mid = (len(text) - w) // 2
+        text = text[:w] + text[mid:mid + w] + text[-w:]
+    n = len(_NOT_TEXT.findall(text))
+    if n >= MIN_NOT_TEXT_CHARS and n > MAX_NOT_TEXT_SHARE * len(text):
+        return f"{n:,} of {len(text):,} characters ({n / len(text):.0%}) are control or replacement characters"
+    return None
+
+
+def _utf16(body: bytes) -> Optional[str]:
+    """UTF-16 without a byte-order mark, told by its zero bytes (ASCII markup: every other byte is 0)."""
+    head = body[:META_SCAN_BYTES]
+    half = len(head) // 2
+    if half < 16:
+        return None
+    even, odd = head[0::2].count(0), head[1::2].count(0)
+    if odd > 0.3 * half and even < 0.05 * half:
+        return "utf-16-le"
+    if even > 0.3 * half and odd < 0.05 * half:
+        return "utf-16-be"
+    return None
+
+
 def decode_page(body: bytes, declared: Optional[str] = None) -> tuple[str, str, str]:
-    """(text, codec used, where the charset came from: header | bom | meta | detected)."""
+    """(text, codec used, where the charset came from: header | bom | meta | detected).
+
+    A charset is taken when the body decodes strictly with it *and* the result is text (`not_text`):
+    a declared charset that fails either way leaves the choice to detection (UTF-16 without a BOM
+    first, then Resiliparse's); when no candidate gives text, UndecodablePage says why."""
     tried: list[str] = []
+    garbled: Optional[tuple[str, str]] = None  # the first codec that decoded, and why its text is not text
     for source, name in (("header", declared), ("bom", _bom(body)), ("meta", meta_charset(body))):
         if not name:
             continue
@@ -73,25 +121,39 @@ def decode_page(body: bytes, declared: Optional[str] = None) -> tuple[str, str, 
                 continue
             tried.append(codec)
             try:
-                return body.decode(codec), codec, source
+                text = body.decode(codec)
             except UnicodeDecodeError:
                 continue
+            problem = not_text(text)
+            if problem is None:
+                return text, codec, source
+            garbled = garbled or (codec, problem)
         break  # a declared charset that fails: detection decides, not a weaker declaration
     from resiliparse.parse.encoding import detect_encoding
 
     detected = detect_encoding(body)
     last: Optional[UnicodeDecodeError] = None
-    for codec in _candidates(detected or "utf-8") + ["utf-8"]:
+    guess = _utf16(body)
+    for codec in ([guess] if guess else []) + _candidates(detected or "utf-8") + ["utf-8"]:
         if codec in tried:
             continue
         tried.append(codec)
         try:
-            return body.decode(codec), codec, "detected"
+            text = body.decode(codec)
         except UnicodeDecodeError as e:
             last = e
-    where = f"at byte {last.start}" if last is not None else ""
-    raise UndecodablePage(f"not decodable as {' / '.join(tried)} (declared {declared or meta_charset(body) or 'none'}, "
-                          f"detected {detected or 'nothing'}) {where}".strip())
+            continue
+        problem = not_text(text)
+        if problem is None:
+            return text, codec, "detected"
+        garbled = garbled or (codec, problem)
+    why = f"declared {declared or meta_charset(body) or 'none'}, detected {detected or 'nothing'}"
+    hint = " (gzip data: a Content-Encoding header missing?)" if body[:2] == b"\x1f\x8b" else ""
+    if garbled is not None:
+        raise UndecodablePage(f"not text in any charset tried ({' / '.join(tried)}; {why}): as {garbled[0]}, "
+                              f"{garbled[1]}{hint}")
+    where = f" at byte {last.start}" if last is not None else ""
+    raise UndecodablePage(f"not decodable as {' / '.join(tried)} ({why}){where}{hint}")
 
 
 def _bom(body: bytes) -> Optional[str]:

