@@ -133,16 +133,15 @@ def _uids(run_dir):
                   for u in pq.read_table(p, columns=["uid"]).column("uid").to_pylist())
 
 
-def test_sampled_run_is_deterministic_and_projects_the_full_run(demo_run, tmp_path):
+def test_sampled_run_projects_the_full_run(demo_run, tmp_path):
     out, _ = demo_run
     full = json.loads((out / "ledger.json").read_text())
-    runs = []
-    for name in ("s1", "s2"):
-        proc = _run(["run", str(out / "config.yaml"), "--sample", "0.5", "--no-train", "--out", str(tmp_path / name)])
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        assert "SAMPLE RUN of 50.00% of the documents" in proc.stdout
-        runs.append(tmp_path / name)
-    assert _uids(runs[0]) == _uids(runs[1])  # the same documents every time
+    # one sampled run: that the sample is the same documents every time is the read kernel's test
+    # (test_read.test_sample_is_the_same_documents_however_the_input_is_split)
+    proc = _run(["run", str(out / "config.yaml"), "--sample", "0.5", "--no-train", "--out", str(tmp_path / "s1")])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "SAMPLE RUN of 50.00% of the documents" in proc.stdout
+    runs = [tmp_path / "s1"]
     sampled = json.loads((runs[0] / "ledger.json").read_text())
     assert 0.4 * full["input"] < sampled["input"] < 0.6 * full["input"]
     sample = sampled["sample"]

@@ -98,6 +98,20 @@ def test_block_split_reads_every_line_once_with_true_line_numbers(tmp_path, bloc
     assert [q["line"] for q in q1] == [q["line"] for q in q2] == [51]
 
 
+def test_sample_is_the_same_documents_however_the_input_is_split(tmp_path):
+    """`--sample` keeps a document by a seeded hash of its uid alone: the same documents on every run,
+    whatever the block and part sizes; another seed draws another sample of about the same size."""
+    recs = [{"text": f"doc {i}"} for i in range(2000)]
+    path = write_jsonl(tmp_path / "big.jsonl", recs)
+    whole, _, s1 = _read_all([path], tmp_path / "a", sample=0.5, sample_seed=3)
+    split, _, s2 = _read_all([path], tmp_path / "b", block_size=997, part_size=4096, sample=0.5, sample_seed=3)
+    other, _, _ = _read_all([path], tmp_path / "c", sample=0.5, sample_seed=4)
+    uids = sorted(d["uid"] for d in whole)
+    assert uids == sorted(d["uid"] for d in split) and 800 < len(uids) < 1200
+    assert s1["not_sampled"] == s2["not_sampled"] == 2000 - len(uids)
+    assert sorted(d["uid"] for d in other) != uids and 800 < len(other) < 1200
+
+
 def test_expand_inputs_errors(tmp_path):
     with pytest.raises(read.InputError, match="does not exist"):
         read.expand_inputs([str(tmp_path / "missing.jsonl")])
