@@ -89,7 +89,9 @@ class TokenizeStep(Step):
     outputs = {"tokenizer": TokenizerInfo}
 
     def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
-        return [previous, cfg.train.model.vocab_size]  # the checks compare the vocabulary with the model's
+        # the checks compare the vocabulary with the model's; "text-sliced": the parts are cut at equal text
+        # bytes (StepContext.map_parts balance_text), so a try with the older equal-row slices never resumes into it
+        return [previous, cfg.train.model.vocab_size, "text-sliced"]
 
     def summary(self, s: dict) -> str:
         return f"{s['docs_in']} docs -> {s['tokens']} tokens"
@@ -116,7 +118,8 @@ class TokenizeStep(Step):
                                   "batch_docs": tc.batch_docs, "spec": info.spec(), "bos_id": info.bos_id,
                                   "eos_id": info.eos_id}, reader="arrow", split_mb=TOKENIZE_SLICE_MB,
                                  suffix=".arrow", columns=["uid", "text", "source", "language"],  # uncompressed Arrow IPC: 3x faster to write than zstd Parquet
-                                 fingerprint=info.sha256)  # a resumed try keeps the parts of this tokenizer file only
+                                 fingerprint=info.sha256,  # a resumed try keeps the parts of this tokenizer file only
+                                 balance_text=True)  # equal text per slice: equal rows left one worker the long tail
         stats["prepare_s"] = round(prepared - started, 3)  # sample, train or copy the model, checks
         stats["encode_s"] = round(time.perf_counter() - prepared, 3)
         return StepResult(stats, {"tokenizer": info})
