@@ -274,6 +274,10 @@ def mindformers_snippet(shards_dir: str, pairs: list[dict[str, Any]], seq_length
     import json
 
     workers = workers or max(1, min(8, os.cpu_count() or 1))
+    # GPTDataset sets every id equal to `pad` to 0 and out of the loss (its padding of a short last
+    # sample): a pad that is also the EOS (byte-level BPE without a pad token, Qwen's <|endoftext|>)
+    # would erase every document boundary, so it is -1 then (no id), as mindformers' own default
+    loader_pad = pad_id if pad_id != eod_id else -1
     tokens = sum(p["tokens"] for p in pairs)
     samples = max(1, (tokens - 1) // seq_length)
     weighted = data_path(shards_dir, pairs)
@@ -305,7 +309,7 @@ train_dataset: &train_dataset
       reset_attention_mask: True
       create_attention_mask: True
       eod: {eod_id}
-      pad: {pad_id}
+      pad: {loader_pad}{"  # the tokenizer's pad is its EOS: -1 keeps the EOS tokens" if loader_pad != pad_id else ""}
       data_path:
 {blend}
   input_columns: {columns}

@@ -95,6 +95,9 @@ def test_data_path_list_reads_like_mindformers(tmp_path):
     assert loader["type"] == "BlendedMegatronDatasetDataLoader" and loader["datasets_type"] == "GPTDataset"
     assert (cfg["seq_length"], cfg["eod"], cfg["pad"]) == (16, 2, 0)
     assert {"eod_mask_loss", "reset_position_ids", "reset_attention_mask"} <= set(cfg)
+    # a pad that is the EOS would be zeroed and masked by GPTDataset (every document boundary lost): -1
+    same = yaml.safe_load(megatron.mindformers_snippet(str(tmp_path), pairs, 16, 2, 2, seed=3))
+    assert same["train_dataset"]["data_loader"]["config"]["pad"] == -1
     blend = cfg["data_path"]  # weight, prefix, weight, prefix ... as Megatron's get_blend_from_list splits it
     weights, prefixes = [float(w) for w in blend[0::2]], blend[1::2]
     assert abs(sum(weights) - 1) < 1e-5 and len(prefixes) == 3
