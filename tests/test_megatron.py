@@ -128,6 +128,8 @@ def test_damage_to_bin_and_idx_is_caught(tmp_path):
 
 
 def test_end_to_end_hf_tokenizer_and_both_formats(tmp_path, dask_client):
+    """format both with a validation split: the training pairs and the validation set's pair hold
+    every tokenized document once between them, the validation set has both formats too."""
     from corpusmill.pipeline.config import parse_config
     from corpusmill.pipeline.runner import Pipeline
     from corpusmill.stages import manifest as mf
@@ -142,7 +144,7 @@ def test_end_to_end_hf_tokenizer_and_both_formats(tmp_path, dask_client):
                         "filter": {"length": {"min_chars": 5}, **LENGTH_ONLY_FILTER},
                         "dedup": {"exact": False, "minhash": {"enabled": False}},
                         "tokenizer": {"kind": "hf", "train": {"vocab_size": 400}}, "pack": {"seq_length": 16},
-                        "shard": {"ranks": 2, "format": "both"}})
+                        "split": {"validation": 0.25}, "shard": {"ranks": 2, "format": "both"}})
     Pipeline(cfg, tmp_path / "out", client=dask_client, log=lambda m: None).run()
     shards = tmp_path / "out" / "shards"
     manifest = json.loads((shards / "manifest.json").read_text())
@@ -157,7 +159,13 @@ def test_end_to_end_hf_tokenizer_and_both_formats(tmp_path, dask_client):
     section = yaml.safe_load((shards / "mindformers_megatron_train_dataset.yaml").read_text())
     read = [d.tolist() for p in section["train_dataset"]["data_loader"]["config"]["data_path"][1::2]
             for d in read_megatron(p)[1]]
-    assert sorted(read) == sorted(tokenized.values()) and len(read) == 80
+    held_out = tmp_path / "out" / "shards-validation"
+    val = json.loads((held_out / "manifest.json").read_text())
+    assert mf.check(str(held_out), val) == [] and val["formats"] == ["mindrecord", "megatron"]
+    assert [p["prefix"] for p in val["megatron"]["pairs"]] == ["megatron/corpus-r0000"]
+    held = [d.tolist() for d in read_megatron(str(held_out / "megatron" / "corpus-r0000"))[1]]
+    assert 0 < len(held) < 40 and not {tuple(d) for d in held} & {tuple(d) for d in read}
+    assert sorted(read + held) == sorted(tokenized.values()) and len(read + held) == 80
     eos = manifest["tokenizer"]["eos_id"]
     assert all(d[-1] == eos for d in read)
     bin_path = shards / "megatron" / "corpus-r0001.bin"
