@@ -19,8 +19,9 @@ called directly, side by side on the same text in one run.
    (no offsets; the call the stage makes). The stage's time is its whole step (sample, checks,
    reading parts, encoding, writing Arrow). Target: the stage >= 0.85 of encode_batch; the median
    of the repeats is reported, each ratio too, with the CPU-second ratio beside it (the baseline
-   processes' CPU vs the stage's tasks' CPU, `task_cpu_s`, plus its driver-side prepare) and the
-   host's load average before each pair.
+   processes' CPU vs the stage's encode tasks' CPU on the workers, `task_cpu_s`: read, encode,
+   write; the driver's prepare -- sample, checks -- is in the wall time only) and the host's load
+   average before each pair.
 4. --kernel-only: the tokenize kernel vs encode_batch in CPU seconds, alternating slice by slice in
    each process (one per core) over the stage's 2 MB slices: what the stage adds to the library's
    own work, measured so that other load on the host hits both sides alike.
@@ -164,7 +165,7 @@ def compare(args: argparse.Namespace, tokenizer: str, stage_first: bool) -> dict
         done = run_stage(args, tokenizer)
     assert base_tokens + len(texts) == done["stats"]["tokens"], "the baseline must encode the same text (+ EOS each)"
     stage_s = done["seconds"]
-    stage_cpu = done["stats"]["task_cpu_s"] + done["stats"].get("prepare_s", 0.0)  # prepare: the driver's, wall
+    stage_cpu = done["stats"]["task_cpu_s"]  # the encode tasks' CPU on the workers (read, encode, write); prepare apart
     return {
         "order": "stage first" if stage_first else "baseline first", "load_avg_1_5_15": [round(x, 1) for x in load],
         "text_mb": round(text_mb, 1), "documents": len(texts), "cores": procs, "tokens": done["stats"]["tokens"],

@@ -284,12 +284,12 @@ def mindformers_snippet(shards_dir: str, pairs: list[dict[str, Any]], seq_length
     blend = "\n".join(f"        - {json.dumps(w)}\n        - {json.dumps(p)}" + (f"  # source {json.dumps(x['source'])}"
                                                                             if x.get("source") is not None else "")
                       for w, p, x in zip(weighted[0::2], weighted[1::2], pairs))
-    why = ("the mixture mix.sources delivered (the pairs hold its copies; the weights are their token shares)" if mixed
+    why = ("the mixture mix.sources delivered, as the pairs hold its copies and the weights are their token shares" if mixed
            else "each pair's share of the tokens")
     columns = json.dumps(["input_ids", "labels", "loss_mask", "position_ids", "attention_mask"])
     return f"""# Paste into a mindformers (mcore) pretraining YAML. GPTDataset packs the documents of the
 # Megatron .bin/.idx pairs below into samples of seq_length at train time and blends the pairs by
-# weight ({why}). Documents end with EOS (id {eod_id}); reset_position_ids and
+# weight: {why}. Documents end with EOS (id {eod_id}); reset_position_ids and
 # reset_attention_mask keep packed documents apart; set eod_mask_loss: True to leave EOS out of the loss.
 train_dataset: &train_dataset
   data_loader:
