@@ -123,7 +123,8 @@ class ShardStep(Step):
             stats["validation"] = self._write_validation(ctx, val_parts, validation, vc, val_docs,
                                                          chosen.pairs if chosen is not None else [])
         elif ctx.cfg.split.validation > 0:
-            ctx.log("  shard: the validation split holds no complete window: no validation shards written")
+            ctx.log("  shard: the validation split holds no " + ("document" if sc.format == "megatron" else "complete window")
+                    + ": no validation shards written")
         return StepResult(stats)
 
     def _write_validation(self, ctx: StepContext, parts: list[str], folder: Path, sc: ShardConfig,
