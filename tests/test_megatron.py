@@ -254,3 +254,6 @@ def test_pairs_per_source_hold_each_sources_documents_split_and_mixed(tmp_path, 
         share = sum(map(len, train[by_prefix[prefix]])) / total  # books' share counts both of its copies
         assert abs(w - share) < 1e-5, (by_prefix[prefix], w, share)
     assert len(prefixes) == 3
+    ledger = json.loads((tmp_path / "out" / "ledger.json").read_text())  # no pack step: the shard step's split and mix
+    assert ledger["validation"]["documents"] == sum(map(len, held.values()))
+    assert ledger["mix"]["copies"] == ledger["megatron"]["documents"] == sum(map(len, train.values()))

@@ -113,6 +113,12 @@ class ShardStep(Step):
                             mixed=chosen is not None and chosen.mixed is not None)
         _add_set_stats(stats, plan, doc, files, mix)
         _add_megatron_stats(stats, pairs, sc.format == "megatron")
+        if sc.format == "megatron" and chosen is not None:  # no pack step: the ledger reads the split and mixture here
+            if chosen.mixed is not None:
+                stats["mix"] = chosen.mixed
+            if chosen.held_out is not None:
+                stats["held_out"] = {"docs_in": len(chosen.held_out.length), "tokens_in": int(chosen.held_out.length.sum()),
+                                     "windows": 0}
         held_out = ctx.rundir.folder(self.reads) / VALIDATION
         val_parts = sorted(str(p) for p in held_out.glob("part-*.arrow")) if held_out.is_dir() else []
         val_docs = chosen.held_out if chosen is not None and chosen.held_out is not None and len(chosen.held_out.length) \
