@@ -607,8 +607,15 @@ class PackConfig(_Section):
 class ShardConfig(_Section):
     format: Literal["mindrecord", "megatron", "both"] = Field(
         "mindrecord", description="mindrecord: packed windows in MindRecord files (what `corpusmill train` and mindformers' "
-        "MindDataset read); megatron: Megatron-Core .bin/.idx pairs of whole documents, one pair per rank, for "
-        "mindformers' BlendedMegatronDatasetDataLoader (pack is skipped); both: the two side by side.")
+        "MindDataset read); megatron: Megatron-Core .bin/.idx pairs of whole documents (one pair per rank, or per "
+        "source: megatron_split), for mindformers' BlendedMegatronDatasetDataLoader (pack is skipped); both: the two "
+        "side by side.")
+    megatron_split: Literal["rank", "source"] = Field(
+        "rank", description="How the Megatron documents are cut into .bin/.idx pairs: rank: one pair per rank with "
+        "about equal tokens (megatron/corpus-rNNNN); source: one pair per document source (megatron/source-SLUG-HASH, "
+        "SLUG the name made file-safe, HASH 10 hex digits of its sha256), listed in the mindformers data_path with "
+        "its token share as weight (the delivered mixture when mix.sources is set), so a training config can reweight "
+        "them.")
     layout: Literal["per_rank", "global"] = Field(
         "per_rank", description="per_rank: a folder and distinct file prefix per data-parallel rank; global: one set "
         "corpus.mindrecordNN that MindDataset(num_shards=ranks, shard_id=rank) splits (stock mindformers).")

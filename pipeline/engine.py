@@ -43,6 +43,10 @@ def dask_client(cluster_cfg: Any, client: Optional[Client] = None, log: Log = pr
             c.close()
         return
     n_workers = cluster_cfg.n_workers or os.cpu_count() or 1
+    if not cluster_cfg.dashboard:
+        # the workers' statistical profiler (a thread sampling every task's stack each 10 ms) feeds only the
+        # dashboard, and cost 12 % of the tokenize tasks' CPU (interleaved, same slices: 13.06 vs 11.42 s)
+        dask.config.set({"distributed.worker.profile.enabled": False})
     cluster = LocalCluster(
         n_workers=n_workers,
         threads_per_worker=cluster_cfg.threads_per_worker,

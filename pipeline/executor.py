@@ -33,7 +33,7 @@ def run_batch_part(fn: Callable[..., Any], in_path: str, out_dir: str, reader: s
                    columns: Optional[list[str]] = None) -> dict:
     """Read one part (or its rows [start, stop)), apply `fn`, write kept rows to `out_dir/<name>` and
     removed to `out_dir/removed/<name>`."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     table = read_table(in_path, columns) if rows is None else read_rows(in_path, rows[0], rows[1], columns)
     data = table if reader == "arrow" else table.to_pandas(types_mapper=pd.ArrowDtype)
     result = fn(data, **kwargs)
@@ -52,6 +52,7 @@ def run_batch_part(fn: Callable[..., Any], in_path: str, out_dir: str, reader: s
     if "by_group" not in stats and isinstance(result.kept, pd.DataFrame) and {"source", "language", "text"} <= set(result.kept):
         stats["by_group"] = kept_groups(result.kept)  # what a document step passes on, per source and language
     stats["task_seconds"] = time.perf_counter() - start
+    stats["task_cpu_s"] = time.process_time() - cpu  # the worker's CPU (benchmarks compare it under load)
     return {"stats": stats, "extra": extra, "part": name, "files": files}
 
 

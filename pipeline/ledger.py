@@ -80,20 +80,24 @@ def build_ledger(stats: dict[str, dict], doc_stages: dict[str, str]) -> dict[str
         ledger["packing"] = {k: int(p[k]) for k in ("tokens_in", "tokens_kept", "windows", "docs_split", "docs_truncated",
                                                      "tokens_dropped", "pad_tokens")}
         ledger["packing"].update(mode=p["mode"], padding_share=round(float(p["padding_share"]), 6))
+    shard_stats = stats.get("shard") or {}
     held_out = (stats.get("pack") or {}).get("validation")
+    if held_out is None and "pack" not in stats:  # shard.format megatron: the shard step split and mixed
+        held_out = shard_stats.get("held_out")
     if held_out is not None:  # kept documents held out for validation (split.validation): packed and sharded apart
         ledger["validation"] = {"documents": int(held_out.get("docs_in", 0)), "tokens": int(held_out.get("tokens_in", 0)),
                                 "windows": int(held_out.get("windows", 0)),
                                 "samples": int(((stats.get("shard") or {}).get("validation") or {}).get("samples", 0))}
-    mix = (stats.get("pack") or {}).get("mix")
+    mix = (stats.get("pack") or {}).get("mix") if "pack" in stats else shard_stats.get("mix")
+    packed = int(stats["pack"]["docs_in"]) if "pack" in stats else int(shard_stats.get("megatron_documents", 0))
     if mix is not None:  # mix: every kept document drawn (once or more) or left out, each copy counted
         m = mix
         expected = int(stats["tokenize"]["docs_in"]) - int((held_out or {}).get("docs_in", 0))
         if not (m["documents"] == expected == m["documents_drawn"] + m["documents_left_out"]
-                and m["copies"] == m["documents_drawn"] + m["repeated_copies"] == int(stats["pack"]["docs_in"])):
+                and m["copies"] == m["documents_drawn"] + m["repeated_copies"] == packed):
             raise LedgerError(f"the mixture does not add up: {expected} documents to mix, {m['documents']} mixed = "
                               f"{m['documents_drawn']} drawn + {m['documents_left_out']} left out; {m['copies']} copies = "
-                              f"drawn + {m['repeated_copies']} repeated; {stats['pack']['docs_in']} packed")
+                              f"drawn + {m['repeated_copies']} repeated; {packed} packed")
         ledger["mix"] = mix
     if "shard" in stats:
         ledger["samples"] = int(stats["shard"]["samples"])

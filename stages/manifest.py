@@ -49,7 +49,7 @@ _TOKENIZER_KEYS: dict[str, Any] = {
 _FILE_KEYS: dict[str, Any] = {"path": str, "rank": (_INT, None), "samples": _INT, "sha256": str, "db_sha256": str,
                               "bytes": _INT}
 _OPTIONAL_FILE: dict[str, Any] = {"tokens": _INT, "pad_tokens": _INT, "rows_xxh3_sum": _INT}
-_PAIR_KEYS: dict[str, Any] = {"prefix": str, "rank": _INT, "documents": _INT, "tokens": _INT, "dtype": str,
+_PAIR_KEYS: dict[str, Any] = {"prefix": str, "rank": (_INT, None), "documents": _INT, "tokens": _INT, "dtype": str,
                               "bin_sha256": str, "idx_sha256": str, "bin_bytes": _INT, "idx_bytes": _INT}
 MEGATRON_NAME = re.compile(r"\.(bin|idx)$")
 
@@ -94,10 +94,12 @@ def build(*, version: str, config_hash: str, created_utc: str, seq_length: int, 
     if megatron is not None:  # a MindRecord-only manifest stays exactly as it was
         pairs = megatron["pairs"]
         doc["formats"] = formats or ["megatron"]
-        doc["megatron"] = {"dtype": megatron["dtype"], "documents": sum(p["documents"] for p in pairs),
+        doc["megatron"] = {"dtype": megatron["dtype"], "split": megatron.get("split", "rank"),
+                           "documents": sum(p["documents"] for p in pairs),
                            "tokens": sum(p["tokens"] for p in pairs),
                            "note": "Megatron-Core indexed datasets: PREFIX.bin + PREFIX.idx, one sequence per whole "
-                                   "document ending with EOS; mindformers_megatron_train_dataset.yaml lists them",
+                                   "document ending with EOS; one pair per rank (split rank) or per source (split "
+                                   "source, the pair's `source`); mindformers_megatron_train_dataset.yaml lists them",
                            "pairs": pairs}
     return doc
 
@@ -245,13 +247,16 @@ def _megatron_structure(mega: Any) -> list[str]:
         if not isinstance(pair, dict):
             problems.append(f"megatron.pairs[{i}] is {_show(pair)}, expected an object")
             continue
-        problems += _keys(pair, _PAIR_KEYS, {"max_id": _INT}, f"megatron.pairs[{i}]")
+        problems += _keys(pair, _PAIR_KEYS, {"max_id": _INT, "source": str}, f"megatron.pairs[{i}]")
     return problems
 
 
 def _megatron_values(mega: Optional[dict]) -> list[str]:
     """Each pair's prefix is a plain relative path and its checksums are sha256s."""
     problems = []
+    prefixes = [os.path.normpath(p["prefix"]) for p in (mega or {}).get("pairs", [])]
+    if len(set(prefixes)) != len(prefixes):
+        problems.append("megatron.pairs lists the same prefix more than once")
     for i, pair in enumerate((mega or {}).get("pairs", [])):
         why = unsafe_path(pair["prefix"])
         if why:

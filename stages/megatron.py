@@ -12,14 +12,16 @@ Megatron-Core's `megatron/core/datasets/indexed_dataset.py`:
 corpusmill writes one sequence per document (a whole tokenized document, EOS last), so the
 document index is 0..n. The dtype is the smallest Megatron picks for the vocabulary: uint16 below
 65500 ids, else int32. The loader packs and blends at train time, so the documents are written
-whole (no windows, no padding). Documents are in the pack step's seeded order and split into one
-pair per rank with about equal tokens; the tokenized parts do not carry the document's source, so
-the pairs are per rank, not per source.
+whole (no windows, no padding). Documents are in the pack step's seeded order (the same selection:
+validation documents held out, the mixture's copies) and go either into one pair per rank with
+about equal tokens (`shard.megatron_split: rank`) or into one pair per source
+(`shard.megatron_split: source`, named by `source_prefix`), so a training config can weight them.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from . import pack
+from .composition import UNKNOWN
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -53,6 +56,25 @@ def rank_bounds(lengths: np.ndarray, ranks: int) -> list[tuple[int, int]]:
         cuts.append(min(max(cut, cuts[-1]), len(lengths)))
     cuts.append(len(lengths))
     return list(zip(cuts[:-1], cuts[1:]))
+
+
+def source_prefix(source: str) -> str:
+    """A file-name-safe, collision-proof prefix for one source's pair: `source-SLUG-HASH`, SLUG the
+    name lowercased with everything but a-z, 0-9, '.', '_' and '-' made '_' (at most 40 characters,
+    no leading dot), HASH the first 10 hex digits of the sha256 of the exact name. Two names that
+    slug alike ("web/en", "Web_en") still differ by their hash, also on a case-insensitive file
+    system; the same name always gives the same prefix."""
+    slug = re.sub(r"[^a-z0-9._-]", "_", source.lower())[:40].lstrip(".") or "_"
+    return f"source-{slug}-{hashlib.sha256(source.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"
+
+
+def source_groups(sources: list[str], code: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """(source, positions in order) for each source present, sorted by name: `code` holds each
+    ordered document's index into `sources` (-1: unknown), so a pair keeps the seeded order."""
+    names = sorted(set(sources) | ({UNKNOWN} if (code < 0).any() else set()))
+    where = np.array([names.index(s) for s in sources] + [names.index(UNKNOWN) if UNKNOWN in names else 0], np.int64)
+    of = where[np.where(code < 0, len(sources), code)] if len(code) else np.empty(0, np.int64)
+    return [(name, np.flatnonzero(of == i)) for i, name in enumerate(names) if (of == i).any()]
 
 
 def index_bytes(lengths: np.ndarray, dtype: np.dtype) -> bytes:
@@ -233,8 +255,10 @@ def pair_problems(root: str, entry: dict[str, Any], vocab_size: int, eos_id: int
 
 
 def data_path(shards_dir: str, pairs: list[dict[str, Any]]) -> list[str]:
-    """mindformers' / Megatron's `data_path` blend: weight, absolute prefix, weight, prefix, ... (the
-    weight is each pair's share of the tokens, so the blend keeps the corpus's own proportions)."""
+    """mindformers' / Megatron's `data_path` blend: weight, absolute prefix, weight, prefix, ... The
+    weight is each pair's share of the tokens. The pairs hold the documents the pack step would pack
+    (the mixture's copies included, its left-out documents not), so per source these shares are the
+    delivered mixture (`mix.sources`), and without a mixture the corpus's own proportions."""
     total = sum(p["tokens"] for p in pairs) or 1
     out: list[str] = []
     for p in pairs:
@@ -243,20 +267,29 @@ def data_path(shards_dir: str, pairs: list[dict[str, Any]]) -> list[str]:
 
 
 def mindformers_snippet(shards_dir: str, pairs: list[dict[str, Any]], seq_length: int, eod_id: int, pad_id: int,
-                        seed: int, workers: Optional[int] = None) -> str:
+                        seed: int, workers: Optional[int] = None, mixed: bool = False) -> str:
     """A `train_dataset` section for mindformers' BlendedMegatronDatasetDataLoader (GPTDataset): the
     data_path blend, seq_length, EOD handling and the tokenizer's eod/pad ids. `sizes` is one epoch
     of seq_length samples; raise it for more."""
     import json
 
     workers = workers or max(1, min(8, os.cpu_count() or 1))
+    # GPTDataset sets every id equal to `pad` to 0 and out of the loss (its padding of a short last
+    # sample): a pad that is also the EOS (byte-level BPE without a pad token, Qwen's <|endoftext|>)
+    # would erase every document boundary, so it is -1 then (no id), as mindformers' own default
+    loader_pad = pad_id if pad_id != eod_id else -1
     tokens = sum(p["tokens"] for p in pairs)
     samples = max(1, (tokens - 1) // seq_length)
-    blend = "\n".join(f"        - {json.dumps(x)}" for x in data_path(shards_dir, pairs))
+    weighted = data_path(shards_dir, pairs)
+    blend = "\n".join(f"        - {json.dumps(w)}\n        - {json.dumps(p)}" + (f"  # source {json.dumps(x['source'])}"
+                                                                            if x.get("source") is not None else "")
+                      for w, p, x in zip(weighted[0::2], weighted[1::2], pairs))
+    why = ("the mixture mix.sources delivered, as the pairs hold its copies and the weights are their token shares" if mixed
+           else "each pair's share of the tokens")
     columns = json.dumps(["input_ids", "labels", "loss_mask", "position_ids", "attention_mask"])
     return f"""# Paste into a mindformers (mcore) pretraining YAML. GPTDataset packs the documents of the
 # Megatron .bin/.idx pairs below into samples of seq_length at train time and blends the pairs by
-# weight (each pair's share of the tokens). Documents end with EOS (id {eod_id}); reset_position_ids and
+# weight: {why}. Documents end with EOS (id {eod_id}); reset_position_ids and
 # reset_attention_mask keep packed documents apart; set eod_mask_loss: True to leave EOS out of the loss.
 train_dataset: &train_dataset
   data_loader:
@@ -276,7 +309,7 @@ train_dataset: &train_dataset
       reset_attention_mask: True
       create_attention_mask: True
       eod: {eod_id}
-      pad: {pad_id}
+      pad: {loader_pad}{"  # the tokenizer's pad is its EOS: -1 keeps the EOS tokens" if loader_pad != pad_id else ""}
       data_path:
 {blend}
   input_columns: {columns}

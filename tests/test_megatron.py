@@ -95,6 +95,9 @@ def test_data_path_list_reads_like_mindformers(tmp_path):
     assert loader["type"] == "BlendedMegatronDatasetDataLoader" and loader["datasets_type"] == "GPTDataset"
     assert (cfg["seq_length"], cfg["eod"], cfg["pad"]) == (16, 2, 0)
     assert {"eod_mask_loss", "reset_position_ids", "reset_attention_mask"} <= set(cfg)
+    # a pad that is the EOS would be zeroed and masked by GPTDataset (every document boundary lost): -1
+    same = yaml.safe_load(megatron.mindformers_snippet(str(tmp_path), pairs, 16, 2, 2, seed=3))
+    assert same["train_dataset"]["data_loader"]["config"]["pad"] == -1
     blend = cfg["data_path"]  # weight, prefix, weight, prefix ... as Megatron's get_blend_from_list splits it
     weights, prefixes = [float(w) for w in blend[0::2]], blend[1::2]
     assert abs(sum(weights) - 1) < 1e-5 and len(prefixes) == 3
@@ -125,6 +128,8 @@ def test_damage_to_bin_and_idx_is_caught(tmp_path):
 
 
 def test_end_to_end_hf_tokenizer_and_both_formats(tmp_path, dask_client):
+    """format both with a validation split: the training pairs and the validation set's pair hold
+    every tokenized document once between them, the validation set has both formats too."""
     from corpusmill.pipeline.config import parse_config
     from corpusmill.pipeline.runner import Pipeline
     from corpusmill.stages import manifest as mf
@@ -139,7 +144,7 @@ def test_end_to_end_hf_tokenizer_and_both_formats(tmp_path, dask_client):
                         "filter": {"length": {"min_chars": 5}, **LENGTH_ONLY_FILTER},
                         "dedup": {"exact": False, "minhash": {"enabled": False}},
                         "tokenizer": {"kind": "hf", "train": {"vocab_size": 400}}, "pack": {"seq_length": 16},
-                        "shard": {"ranks": 2, "format": "both"}})
+                        "split": {"validation": 0.25}, "shard": {"ranks": 2, "format": "both"}})
     Pipeline(cfg, tmp_path / "out", client=dask_client, log=lambda m: None).run()
     shards = tmp_path / "out" / "shards"
     manifest = json.loads((shards / "manifest.json").read_text())
@@ -154,7 +159,13 @@ def test_end_to_end_hf_tokenizer_and_both_formats(tmp_path, dask_client):
     section = yaml.safe_load((shards / "mindformers_megatron_train_dataset.yaml").read_text())
     read = [d.tolist() for p in section["train_dataset"]["data_loader"]["config"]["data_path"][1::2]
             for d in read_megatron(p)[1]]
-    assert sorted(read) == sorted(tokenized.values()) and len(read) == 80
+    held_out = tmp_path / "out" / "shards-validation"
+    val = json.loads((held_out / "manifest.json").read_text())
+    assert mf.check(str(held_out), val) == [] and val["formats"] == ["mindrecord", "megatron"]
+    assert [p["prefix"] for p in val["megatron"]["pairs"]] == ["megatron/corpus-r0000"]
+    held = [d.tolist() for d in read_megatron(str(held_out / "megatron" / "corpus-r0000"))[1]]
+    assert 0 < len(held) < 40 and not {tuple(d) for d in held} & {tuple(d) for d in read}
+    assert sorted(read + held) == sorted(tokenized.values()) and len(read + held) == 80
     eos = manifest["tokenizer"]["eos_id"]
     assert all(d[-1] == eos for d in read)
     bin_path = shards / "megatron" / "corpus-r0001.bin"
@@ -175,3 +186,74 @@ def test_run_summary_of_megatron_only_shards(capsys, tmp_path):
     out = capsys.readouterr()
     assert "tokens: 30 (whole documents, not packed)" in out.out + out.err
     assert "megatron: 3 documents, 30 tokens in 2 .bin/.idx pair(s)" in out.out + out.err
+
+
+def test_source_prefixes_are_file_safe_distinct_and_stable():
+    names = ["web/en", "Web_en", "web_en", "../../etc", "", "数据", ".hidden", "x" * 300, "(none)"]
+    prefixes = [megatron.source_prefix(n) for n in names]
+    assert len(set(prefixes)) == len(names) and len({p.lower() for p in prefixes}) == len(names)
+    import re
+
+    assert all(re.fullmatch(r"source-[a-z0-9_-][a-z0-9._-]{0,39}-[0-9a-f]{10}", p) for p in prefixes), prefixes
+    assert megatron.source_prefix("web/en") == prefixes[0]  # the same name, the same files, run after run
+    # documents keep their order inside each source; an unknown group (-1) becomes its own source
+    groups = megatron.source_groups(["b", "a", "b"], np.array([0, 1, -1, 2, 1, 0], np.int32))
+    assert [(s, pos.tolist()) for s, pos in groups] == [("(none)", [2]), ("a", [1, 4]), ("b", [0, 3, 5])]
+
+
+def test_pairs_per_source_hold_each_sources_documents_split_and_mixed(tmp_path, dask_client):
+    """megatron_split source with a validation split and a mixture (books twice): each source's pair
+    holds exactly that source's training documents (books' twice), the validation set's pairs the
+    held-out ones; the data_path blend, read as mindformers' get_blend_from_list reads it, weighs
+    each source by its delivered tokens; both sets pass the manifest checks."""
+    from corpusmill.pipeline.config import parse_config
+    from corpusmill.pipeline.runner import Pipeline
+    from corpusmill.stages import manifest as mf
+    from corpusmill.stages.base import read_table
+    from corpusmill.stages.mixing import validation_mask
+
+    rng = random.Random(2)
+    words = "data model token corpus shard rank train window 数据 清洗 模型 训练".split()
+    sources = ["web/en", "Web_en", "books"]  # the first two slug alike: their hashes keep the files apart
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": i, "source": sources[i % 3],
+                                               "text": " ".join(rng.choice(words) for _ in range(rng.randint(5, 40)))}
+                                              for i in range(90)])
+    cfg = parse_config({"input": {"paths": [str(tmp_path / "in")], "part_size_mb": 0.002},
+                        "filter": {"length": {"min_chars": 5}, **LENGTH_ONLY_FILTER},
+                        "dedup": {"exact": False, "minhash": {"enabled": False}},
+                        "tokenizer": {"kind": "hf", "train": {"vocab_size": 400}}, "pack": {"seq_length": 16},
+                        "split": {"validation": 0.2, "seed": 4},
+                        "mix": {"sources": [{"match": {"source": "books"}, "epochs": 2}]},
+                        "shard": {"format": "megatron", "megatron_split": "source"}})
+    Pipeline(cfg, tmp_path / "out", client=dask_client, log=lambda m: None).run()
+    train: dict = {s: [] for s in sources}
+    held: dict = {s: [] for s in sources}
+    for part in sorted((tmp_path / "out").glob("*-tokenize/part-*.arrow")):
+        t = read_table(str(part))
+        out = validation_mask(t.column("doc_hash").to_numpy().astype(np.uint64), 0.2, 4)
+        for src, ids, h in zip(t.column("source").to_pylist(), t.column("input_ids").to_pylist(), out.tolist()):
+            (held if h else train)[src] += [ids] * (1 if h else 2 if src == "books" else 1)
+    assert all(train.values()) and sum(map(len, held.values())) > 0
+    for folder, want in (("shards", train), ("shards-validation", held)):
+        shards = tmp_path / "out" / folder
+        manifest = json.loads((shards / "manifest.json").read_text())
+        assert mf.check(str(shards), manifest) == [] and manifest["megatron"]["split"] == "source"
+        pairs = manifest["megatron"]["pairs"]
+        assert {p["source"] for p in pairs} == {s for s in sources if want[s]} and all(p["rank"] is None for p in pairs)
+        for p in pairs:
+            assert p["prefix"] == "megatron/" + megatron.source_prefix(p["source"])
+            got = [d.tolist() for d in read_megatron(str(shards / p["prefix"]))[1]]
+            assert sorted(got) == sorted(want[p["source"]]), p["source"]
+            assert p["documents"] == len(got) and p["tokens"] == sum(map(len, got))
+    section = yaml.safe_load((tmp_path / "out" / "shards" / "mindformers_megatron_train_dataset.yaml").read_text())
+    blend = section["train_dataset"]["data_loader"]["config"]["data_path"]
+    weights, prefixes = [float(w) for w in blend[0::2]], blend[1::2]  # get_blend_from_list: weight, prefix, ...
+    total = sum(len(d) for docs in train.values() for d in docs)
+    by_prefix = {str(tmp_path / "out" / "shards" / "megatron" / megatron.source_prefix(s)): s for s in sources}
+    for w, prefix in zip(weights, prefixes):
+        share = sum(map(len, train[by_prefix[prefix]])) / total  # books' share counts both of its copies
+        assert abs(w - share) < 1e-5, (by_prefix[prefix], w, share)
+    assert len(prefixes) == 3
+    ledger = json.loads((tmp_path / "out" / "ledger.json").read_text())  # no pack step: the shard step's split and mix
+    assert ledger["validation"]["documents"] == sum(map(len, held.values()))
+    assert ledger["mix"]["copies"] == ledger["megatron"]["documents"] == sum(map(len, train.values()))

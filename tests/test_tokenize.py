@@ -136,3 +136,19 @@ def test_a_sample_longer_than_the_trainer_reads_gives_the_same_tokenizer_for_the
 
 def test_a_sample_the_trainer_reads_whole_is_given_to_it_unchanged(small_model):
     assert _trained_on(small_model) == ["sample.txt"]
+
+
+def test_tokenize_slices_hold_equal_text_not_equal_rows(tmp_path):
+    """Documents a thousandfold apart in size: equal-row slices would give one slice most of the
+    text (one worker the whole tail); text_slices cuts at equal bytes and covers every row once."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from corpusmill.pipeline.step import text_slices
+
+    texts = ["x" * 50] * 3000 + ["y" * 40_000] * 100  # 150 KB of short documents, then 4 MB of long ones
+    pq.write_table(pa.table({"text": texts}), tmp_path / "p.parquet", row_group_size=1000)
+    bounds = text_slices(str(tmp_path / "p.parquet"), 1.0)
+    assert bounds[0] == 0 and bounds[-1] == len(texts) and bounds == sorted(set(bounds))
+    sizes = [sum(map(len, texts[a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
+    assert len(sizes) == 4 and max(sizes) - min(sizes) <= 2 * 40_000, sizes  # each cut within a document of equal

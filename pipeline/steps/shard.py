@@ -18,11 +18,11 @@ from corpusmill.stages import composition, manifest, megatron, pack, shard
 from corpusmill.stages.base import write_json_atomic, write_table_atomic, write_text_atomic
 
 from .. import __version__
-from ..config import ShardConfig
+from ..config import Config, ShardConfig
 from ..progress import utc_now
 from ..rundir import SHARDS_STAGING, VALIDATION_SHARDS
 from ..step import PipelineError, Step, StepContext, StepResult
-from .tokenize import VALIDATION
+from .tokenize import VALIDATION, select_documents
 
 
 SAMPLE_GROUPS = "sample_groups.parquet"  # each sample's (source, language) group, beside the MindRecord files
@@ -49,14 +49,35 @@ MEGATRON_YAML = "mindformers_megatron_train_dataset.yaml"
 _NO_SAMPLES = shard.ShardPlan(0, 1, 1, 0, 0, 0, [0])  # shard.format megatron: no MindRecord sample
 
 
-def _formats(fmt: str) -> list[str]:
-    return ["mindrecord", "megatron"] if fmt == "both" else [fmt]
+def _add_megatron_stats(stats: dict, pairs: Optional[list[dict]], only: bool) -> None:
+    """What a set's Megatron pairs add to its stats (`only`: no MindRecord beside them, so its tokens)."""
+    if pairs is None:
+        return
+    stats.update(megatron_pairs=len(pairs), megatron_documents=sum(p["documents"] for p in pairs),
+                 megatron_tokens=sum(p["tokens"] for p in pairs), megatron_dtype=pairs[0]["dtype"],
+                 megatron_bytes=sum(p["bin_bytes"] + p["idx_bytes"] for p in pairs))
+    stats["bytes"] += stats["megatron_bytes"]
+    if only:
+        stats["tokens"] = stats["megatron_tokens"]
 
 
 class ShardStep(Step):
     name = "shard"
     config_sections = ("shard",)
     counters = ("samples", "files", "samples_per_rank", "dropped_samples", "bytes", "tokens")
+
+    def hash_extra(self, cfg: Config, previous: Optional[str]) -> object:
+        """Megatron pairs choose their documents from the tokenized parts by pack.seed's order, the
+        validation split and the mixture; with shard.format megatron no pack step puts those into the
+        chain, so this link does."""
+        if cfg.shard.format != "megatron":
+            return previous
+        extra: dict = {"pack_seed": cfg.pack.seed}
+        if cfg.split.validation > 0:
+            extra["split"] = cfg.split.model_dump(mode="json")
+        if cfg.mix.sources:
+            extra["mix"] = cfg.mix.model_dump(mode="json")
+        return [previous, extra]
 
     def summary(self, s: dict) -> str:
         mega = (f"; {s['megatron_documents']} documents, {s['megatron_tokens']} tokens in {s['megatron_pairs']} Megatron "
@@ -74,50 +95,68 @@ class ShardStep(Step):
             shutil.rmtree(staging)
         staging.mkdir()
         try:
-            mix = None
+            mix, chosen = None, None
             if sc.format == "megatron":
                 stats, files, plan, labels = {"windows_in": 0, "files": 0, "layout": sc.layout}, [], _NO_SAMPLES, False
             else:
                 parts = ctx.parts(self.reads)
                 stats, files, plan, labels, counts = self._write_mindrecord(ctx, parts, staging, sc, "shard")
                 mix = self._composition(ctx, parts, counts, plan, staging, sc.seed)
-            pairs = self._write_megatron(ctx, staging) if sc.format != "mindrecord" else None
+            pairs = None
+            if sc.format != "mindrecord":  # the documents the pack step packs (split and mixture applied), whole
+                chosen = select_documents(ctx, ctx.parts("tokenize"), "shard: megatron")
+                pairs = self._write_megatron(ctx, staging, chosen.order, chosen.pairs, sc.ranks, "megatron")
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)  # half-written files are never resumed
             raise
-        doc = self._publish(ctx, folder, staging, files, plan, labels, sc, pairs, mix)
+        doc = self._publish(ctx, folder, staging, files, plan, labels, sc, pairs, mix,
+                            mixed=chosen is not None and chosen.mixed is not None)
         _add_set_stats(stats, plan, doc, files, mix)
-        if pairs is not None:
-            stats.update(megatron_pairs=len(pairs), megatron_documents=sum(p["documents"] for p in pairs),
-                         megatron_tokens=sum(p["tokens"] for p in pairs), megatron_dtype=pairs[0]["dtype"],
-                         megatron_bytes=sum(p["bin_bytes"] + p["idx_bytes"] for p in pairs))
-            stats["bytes"] += stats["megatron_bytes"]
-            if sc.format == "megatron":
-                stats["tokens"] = stats["megatron_tokens"]
+        _add_megatron_stats(stats, pairs, sc.format == "megatron")
+        if sc.format == "megatron" and chosen is not None:  # no pack step: the ledger reads the split and mixture here
+            if chosen.mixed is not None:
+                stats["mix"] = chosen.mixed
+            if chosen.held_out is not None:
+                stats["held_out"] = {"docs_in": len(chosen.held_out.length), "tokens_in": int(chosen.held_out.length.sum()),
+                                     "windows": 0}
         held_out = ctx.rundir.folder(self.reads) / VALIDATION
         val_parts = sorted(str(p) for p in held_out.glob("part-*.arrow")) if held_out.is_dir() else []
-        if val_parts:
-            # one rank, one file: any rank may evaluate on all of it
+        val_docs = chosen.held_out if chosen is not None and chosen.held_out is not None and len(chosen.held_out.length) \
+            else None
+        if val_parts or val_docs is not None:
+            # one rank, one file (one Megatron pair, or one per source): any rank may evaluate on all of it
             vc = sc.model_copy(update={"ranks": 1, "files_per_rank": 1, "layout": "per_rank", "remainder": "drop"})
-            stats["validation"] = self._write_validation(ctx, val_parts, validation, vc)
+            stats["validation"] = self._write_validation(ctx, val_parts, validation, vc, val_docs,
+                                                         chosen.pairs if chosen is not None else [])
         elif ctx.cfg.split.validation > 0:
-            ctx.log("  shard: the validation split holds no complete window: no validation shards written")
+            ctx.log("  shard: the validation split holds no " + ("document" if sc.format == "megatron" else "complete window")
+                    + ": no validation shards written")
         return StepResult(stats)
 
-    def _write_validation(self, ctx: StepContext, parts: list[str], folder: Path, sc: ShardConfig) -> dict:
-        """The held-out windows as their own MindRecord set in `folder`, with its own manifest."""
+    def _write_validation(self, ctx: StepContext, parts: list[str], folder: Path, sc: ShardConfig,
+                          documents: Optional[pack.DocumentOrder] = None, names: Optional[list] = None) -> dict:
+        """The held-out set in `folder`, with its own manifest, in the training set's formats: its
+        packed windows as MindRecord (`parts`, when the pack step wrote any) and its whole documents
+        as Megatron pairs (`documents`: one pair, or one per source)."""
         staging = ctx.rundir.file(VALIDATION_SHARDS + ".tmp")
         if staging.exists():
             shutil.rmtree(staging)
         staging.mkdir()
         try:
-            stats, files, plan, labels, counts = self._write_mindrecord(ctx, parts, staging, sc, "shard validation")
-            mix = self._composition(ctx, parts, counts, plan, staging, sc.seed)
+            mix, pairs = None, None
+            if parts:
+                stats, files, plan, labels, counts = self._write_mindrecord(ctx, parts, staging, sc, "shard validation")
+                mix = self._composition(ctx, parts, counts, plan, staging, sc.seed)
+            else:
+                stats, files, plan, labels = {"windows_in": 0, "files": 0, "layout": sc.layout}, [], _NO_SAMPLES, False
+            if documents is not None:
+                pairs = self._write_megatron(ctx, staging, documents, names or [], 1, "megatron-validation")
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        doc = self._publish(ctx, folder, staging, files, plan, labels, sc, None, mix)
+        doc = self._publish(ctx, folder, staging, files, plan, labels, sc, pairs, mix)
         _add_set_stats(stats, plan, doc, files, mix)
+        _add_megatron_stats(stats, pairs, not files)
         return stats
 
     def _write_mindrecord(self, ctx: StepContext, parts: list[str], staging: Path, sc: ShardConfig,
@@ -181,32 +220,41 @@ class ShardStep(Step):
                 "note": "a sample counts for the (source, language) holding most of its ids; "
                         f"{SAMPLE_GROUPS} gives each sample's group by file (index into files) and row"}
 
-    def _write_megatron(self, ctx: StepContext, staging: Path) -> list[dict]:
-        """One Megatron `.bin/.idx` pair per rank under `staging/megatron/`: the tokenized documents,
-        whole, in the pack step's seeded order, cut into ranks of about equal tokens."""
+    def _write_megatron(self, ctx: StepContext, staging: Path, order: pack.DocumentOrder, names: list, ranks: int,
+                        label: str) -> list[dict]:
+        """Megatron `.bin/.idx` pairs under `staging/megatron/`: the ordered documents (`select_documents`),
+        whole, cut into `ranks` pairs of about equal tokens (megatron_split rank) or into one pair per
+        source in that order (megatron_split source; `names` are the codes' (source, language) pairs)."""
         sc, tok = ctx.cfg.shard, ctx.output("tokenize", "tokenizer")
         parts = ctx.parts("tokenize")
-        index = ctx.run([delayed(pack.document_index)(p, ctx.cfg.pack.seed) for p in parts], "shard: megatron order")
-        order = pack.document_order(index)
-        del index
         (staging / MEGATRON_DIR).mkdir()
-        prefixes = [f"{MEGATRON_DIR}/corpus-r{r:04d}" for r in range(sc.ranks)]
-        bounds = megatron.rank_bounds(order.length, sc.ranks)
+        if sc.megatron_split == "source":
+            code = order.code if order.code is not None else np.full(len(order.length), -1, np.int32)
+            groups = megatron.source_groups([src for src, _ in names], code)
+            plans = [(f"{MEGATRON_DIR}/{megatron.source_prefix(src)}", {"rank": None, "source": src}, pos)
+                     for src, pos in groups]
+            if len({p for p, _, _ in plans}) != len(plans):  # 40 bits of sha256 apart: never in practice, refused if so
+                raise PipelineError("megatron: two sources give the same file prefix; rename one of them")
+            what = f"{len(plans)} Megatron .bin/.idx pair(s), one per source"
+        else:
+            plans = [(f"{MEGATRON_DIR}/corpus-r{r:04d}", {"rank": r}, np.arange(a, b))
+                     for r, (a, b) in enumerate(megatron.rank_bounds(order.length, ranks))]
+            what = f"{ranks} Megatron .bin/.idx pair(s)"
         dtype = megatron.best_dtype(tok.vocab_size)
-        ctx.log(f"  shard: {len(order.length)} documents -> {sc.ranks} Megatron .bin/.idx pair(s) ({dtype.name} ids, "
-                "whole documents ending with EOS)")
-        tasks = [delayed(megatron.write_pair)(parts, megatron.PairPlan(order.part[a:b], order.row[a:b], order.length[a:b]),
+        ctx.log(f"  shard: {len(order.length)} documents -> {what} ({dtype.name} ids, whole documents ending with EOS)")
+        tasks = [delayed(megatron.write_pair)(parts, megatron.PairPlan(order.part[pos], order.row[pos], order.length[pos]),
                                               str(staging / prefix), tok.vocab_size, tok.eos_id,
-                                              dask_key_name=f"megatron-write-{r}")
-                 for r, (prefix, (a, b)) in enumerate(zip(prefixes, bounds))]
+                                              dask_key_name=f"{label}-write-{i}")
+                 for i, (prefix, _, pos) in enumerate(plans)]
         try:
-            written = ctx.run(tasks, "shard: megatron .bin/.idx")
+            written = ctx.run(tasks, f"shard: {label} .bin/.idx")
         except ValueError as e:
             raise PipelineError(f"megatron: {e}") from None
-        return [{"prefix": prefix, "rank": r, **w} for r, (prefix, w) in enumerate(zip(prefixes, written))]
+        return [{"prefix": prefix, **keys, **w} for (prefix, keys, _), w in zip(plans, written)]
 
     def _publish(self, ctx: StepContext, folder: Path, staging: Path, files: list[dict], plan: shard.ShardPlan,
-                 labels: bool, sc: ShardConfig, pairs: Optional[list[dict]] = None, mix: Optional[dict] = None) -> dict:
+                 labels: bool, sc: ShardConfig, pairs: Optional[list[dict]] = None, mix: Optional[dict] = None,
+                 mixed: bool = False) -> dict:
         """The tokenizer, the manifest and the mindformers snippet beside the written files, then
         `shards.tmp/` renamed to `shards/` (the folder, never a MindRecord file). Returns the manifest."""
         window = ctx.cfg.pack.seq_length + 1
@@ -222,8 +270,8 @@ class ShardStep(Step):
             pack_mode=ctx.cfg.pack.mode, layout=sc.layout, ranks=sc.ranks, files_per_rank=sc.files_per_rank,
             samples_per_rank=plan.per_rank, total_samples=plan.used, dropped=plan.dropped, repeated=plan.repeated,
             remainder=sc.remainder, shuffle_seed=sc.seed, files=files, tokenizer_file=tokenizer_file,
-            megatron=None if pairs is None else {"dtype": pairs[0]["dtype"], "pairs": pairs},
-            formats=_formats(sc.format) if pairs is not None else None, composition=mix)
+            megatron=None if pairs is None else {"dtype": pairs[0]["dtype"], "split": sc.megatron_split, "pairs": pairs},
+            formats=(["mindrecord"] if files else []) + ["megatron"] if pairs is not None else None, composition=mix)
         if files:
             write_text_atomic(staging / "mindformers_train_dataset.yaml", shard.mindformers_snippet(
                 str(folder.resolve()), sc.layout, window, ["input_ids", "labels"] if labels else ["input_ids"],
@@ -231,7 +279,7 @@ class ShardStep(Step):
         if pairs is not None:
             write_text_atomic(staging / MEGATRON_YAML, megatron.mindformers_snippet(
                 str(folder.resolve()), [p for p in pairs if p["tokens"]], ctx.cfg.pack.seq_length, tok.eos_id, tok.pad_id,
-                ctx.cfg.pack.seed))
+                ctx.cfg.pack.seed, mixed=mixed))
         write_json_atomic(staging / manifest.MANIFEST_NAME, doc)
         if folder.exists():
             shutil.rmtree(folder)

@@ -89,7 +89,9 @@ class TokenizeStep(Step):
     outputs = {"tokenizer": TokenizerInfo}
 
     def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
-        return [previous, cfg.train.model.vocab_size]  # the checks compare the vocabulary with the model's
+        # the checks compare the vocabulary with the model's; "text-sliced": the parts are cut at equal text
+        # bytes (StepContext.map_parts balance_text), so a try with the older equal-row slices never resumes into it
+        return [previous, cfg.train.model.vocab_size, "text-sliced"]
 
     def summary(self, s: dict) -> str:
         return f"{s['docs_in']} docs -> {s['tokens']} tokens"
@@ -116,7 +118,8 @@ class TokenizeStep(Step):
                                   "batch_docs": tc.batch_docs, "spec": info.spec(), "bos_id": info.bos_id,
                                   "eos_id": info.eos_id}, reader="arrow", split_mb=TOKENIZE_SLICE_MB,
                                  suffix=".arrow", columns=["uid", "text", "source", "language"],  # uncompressed Arrow IPC: 3x faster to write than zstd Parquet
-                                 fingerprint=info.sha256)  # a resumed try keeps the parts of this tokenizer file only
+                                 fingerprint=info.sha256,  # a resumed try keeps the parts of this tokenizer file only
+                                 balance_text=True)  # equal text per slice: equal rows left one worker the long tail
         stats["prepare_s"] = round(prepared - started, 3)  # sample, train or copy the model, checks
         stats["encode_s"] = round(time.perf_counter() - prepared, 3)
         return StepResult(stats, {"tokenizer": info})
@@ -239,69 +242,21 @@ class PackStep(Step):
     def _pack_shuffled(self, ctx: StepContext, folder: Path, window: int, pad_id: int) -> dict:
         """The corpus's documents in the seeded order, packed group by group (see the class). With
         `split.validation`, the held-out documents are packed apart into `validation/`."""
-        pc, share = ctx.cfg.pack, ctx.cfg.split.validation
         parts = ctx.parts(self.reads)
-        index = ctx.run([delayed(pack.document_index)(p, pc.seed) for p in parts], "pack: document order")
-        pairs, codes = pack.global_codes(index)
-        held_out = None
-        if share > 0:
-            if any("doc_hash" not in x for x in index):
-                raise PipelineError("pack: split.validation needs the tokenized parts' doc_hash column (rerun tokenize)")
-            masks = [mixing.validation_mask(x["doc_hash"], share, ctx.cfg.split.seed) for x in index]
-            held_out = ([pack.subset(x, m) for x, m in zip(index, masks)], [c[m] for c, m in zip(codes, masks)])
-            index = [pack.subset(x, ~m) for x, m in zip(index, masks)]
-            codes = [c[~m] for c, m in zip(codes, masks)]
-        mixed = None
-        if ctx.cfg.mix.sources:
-            index, codes, mixed = self._mix(ctx, index, codes, pairs)
-        order = pack.document_order(index, codes)
-        del index, codes
-        if not len(order.length):
-            raise PipelineError(f"pack: no document is left for training after holding out split.validation {share}")
-        stats = self._pack_order(ctx, folder, parts, order, pairs, window, pad_id, "pack")
-        if mixed is not None:
-            stats["mix"] = mixed
-        if held_out is not None:
-            val_order = pack.document_order(*held_out)
+        chosen = select_documents(ctx, parts, "pack")
+        stats = self._pack_order(ctx, folder, parts, chosen.order, chosen.pairs, window, pad_id, "pack")
+        if chosen.mixed is not None:
+            stats["mix"] = chosen.mixed
+        if chosen.held_out is not None:
+            val_order = chosen.held_out
             val_folder = folder / VALIDATION
             val_folder.mkdir()
-            stats["validation"] = self._pack_order(ctx, val_folder, parts, val_order, pairs, window, pad_id,
+            stats["validation"] = self._pack_order(ctx, val_folder, parts, val_order, chosen.pairs, window, pad_id,
                                                    "pack validation") if len(val_order.length) else {"docs_in": 0}
             v = stats["validation"]
-            ctx.log(f"  pack: validation split {share:g} (seed {ctx.cfg.split.seed}): {v['docs_in']} documents held out"
-                    + (f", {v['tokens_in']} tokens -> {v['windows']} windows" if v["docs_in"] else ""))
+            ctx.log(f"  pack: validation split {ctx.cfg.split.validation:g} (seed {ctx.cfg.split.seed}): {v['docs_in']} "
+                    "documents held out" + (f", {v['tokens_in']} tokens -> {v['windows']} windows" if v["docs_in"] else ""))
         return stats
-
-    def _mix(self, ctx: StepContext, index: list[dict], codes: list[np.ndarray],
-             pairs: list) -> tuple[list[dict], list[np.ndarray], dict]:
-        """`mix:` applied to the training documents: each one's copies (0: left out, 2+: repeated), drawn
-        in the driver from the index alone; returns the index with the copies, their codes, and what
-        each rule asked for and got."""
-        from corpusmill.stages import read
-
-        mc = ctx.cfg.mix
-        if any("doc_hash" not in x for x in index):
-            raise PipelineError("pack: mix needs the tokenized parts' doc_hash column (rerun tokenize)")
-        sizes = [len(x["uid"]) for x in index]
-        cat = lambda k, dt: np.concatenate([x[k] for x in index]) if index else np.empty(0, dt)  # noqa: E731
-        uids, tokens, hashes = cat("uid", np.int64), cat("n_tokens", np.int64), cat("doc_hash", np.uint64)
-        all_codes = np.concatenate(codes) if codes else np.empty(0, np.int32)
-        paths = [read.display_path(f) for f in read.expand_inputs(ctx.cfg.input.paths)]
-        rules = [{"name": r.label(), **r.match.model_dump(), "weight": r.weight, "tokens": r.tokens, "epochs": r.epochs,
-                  "max_epochs": r.max_epochs} for r in mc.sources]
-        owner, home = mixing.match_rules(pairs, all_codes, (uids >> 32).astype(np.int64), paths, rules)
-        copies, summary = mixing.plan_mix(tokens, hashes, owner, home, rules, mc.rest, mc.total_tokens, mc.seed)
-        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        out_index, out_codes = [], []
-        for i, x in enumerate(index):
-            c = copies[bounds[i]:bounds[i + 1]]
-            out_index.append(pack.with_copies(x, c))
-            out_codes.append(np.repeat(codes[i], c))
-        for r in summary["rules"]:
-            ctx.log(f"  pack: mix {r['rule']}: {r['kind']} {r['value']:g} -> {r['tokens_delivered']:,} tokens "
-                    f"({100 * r['share_delivered']:.2f}% delivered, {100 * r['share_asked']:.2f}% asked); "
-                    f"{r['documents_drawn']:,} of {r['documents']:,} documents, {r['repeated_copies']:,} repeated copies")
-        return out_index, out_codes, summary
 
     def _pack_order(self, ctx: StepContext, folder: Path, parts: list[str], order: pack.DocumentOrder,
                     pairs: list, window: int, pad_id: int, label: str) -> dict:
@@ -336,6 +291,76 @@ class PackStep(Step):
                                                                      "samples": int(samples.get(str(c), 0))}
             stats["group_names"] = [list(p) for p in pairs]
         return stats
+
+
+@dataclass
+class Selection:
+    """Which tokenized documents a set of shards holds, in the seeded pack order: the training
+    documents (the mixture's copies included), the held-out validation documents, and the codes'
+    (source, language) pairs. The pack step and the shard step's Megatron writer both choose through
+    `select_documents`, so MindRecord windows and Megatron pairs hold the same documents."""
+
+    pairs: list
+    order: pack.DocumentOrder
+    held_out: Optional[pack.DocumentOrder]  # None: no split.validation
+    mixed: Optional[dict]  # what mix.sources asked for and delivered (None: no mixture)
+
+
+def select_documents(ctx: StepContext, parts: list[str], label: str) -> Selection:
+    """The index pass over the tokenized `parts` (uids, lengths, groups, text hashes; no ids), the
+    validation split (`split.validation`) and the mixture (`mix.sources`) decided in the driver, and
+    the documents' seeded order (`pack.seed`)."""
+    share, seed = ctx.cfg.split.validation, ctx.cfg.pack.seed
+    index = ctx.run([delayed(pack.document_index)(p, seed) for p in parts], f"{label}: document order")
+    pairs, codes = pack.global_codes(index)
+    held_out = None
+    if share > 0:
+        if any("doc_hash" not in x for x in index):
+            raise PipelineError(f"{label}: split.validation needs the tokenized parts' doc_hash column (rerun tokenize)")
+        masks = [mixing.validation_mask(x["doc_hash"], share, ctx.cfg.split.seed) for x in index]
+        held_out = pack.document_order([pack.subset(x, m) for x, m in zip(index, masks)],
+                                       [c[m] for c, m in zip(codes, masks)])
+        index = [pack.subset(x, ~m) for x, m in zip(index, masks)]
+        codes = [c[~m] for c, m in zip(codes, masks)]
+    mixed = None
+    if ctx.cfg.mix.sources:
+        index, codes, mixed = _mix(ctx, index, codes, pairs, label)
+    order = pack.document_order(index, codes)
+    if not len(order.length):
+        raise PipelineError(f"{label}: no document is left for training after holding out split.validation {share}")
+    return Selection(pairs, order, held_out, mixed)
+
+
+def _mix(ctx: StepContext, index: list[dict], codes: list[np.ndarray], pairs: list,
+         label: str) -> tuple[list[dict], list[np.ndarray], dict]:
+    """`mix:` applied to the training documents: each one's copies (0: left out, 2+: repeated), drawn
+    in the driver from the index alone; returns the index with the copies, their codes, and what
+    each rule asked for and got."""
+    from corpusmill.stages import read
+
+    mc = ctx.cfg.mix
+    if any("doc_hash" not in x for x in index):
+        raise PipelineError(f"{label}: mix needs the tokenized parts' doc_hash column (rerun tokenize)")
+    sizes = [len(x["uid"]) for x in index]
+    cat = lambda k, dt: np.concatenate([x[k] for x in index]) if index else np.empty(0, dt)  # noqa: E731
+    uids, tokens, hashes = cat("uid", np.int64), cat("n_tokens", np.int64), cat("doc_hash", np.uint64)
+    all_codes = np.concatenate(codes) if codes else np.empty(0, np.int32)
+    paths = [read.display_path(f) for f in read.expand_inputs(ctx.cfg.input.paths)]
+    rules = [{"name": r.label(), **r.match.model_dump(), "weight": r.weight, "tokens": r.tokens, "epochs": r.epochs,
+              "max_epochs": r.max_epochs} for r in mc.sources]
+    owner, home = mixing.match_rules(pairs, all_codes, (uids >> 32).astype(np.int64), paths, rules)
+    copies, summary = mixing.plan_mix(tokens, hashes, owner, home, rules, mc.rest, mc.total_tokens, mc.seed)
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    out_index, out_codes = [], []
+    for i, x in enumerate(index):
+        c = copies[bounds[i]:bounds[i + 1]]
+        out_index.append(pack.with_copies(x, c))
+        out_codes.append(np.repeat(codes[i], c))
+    for r in summary["rules"]:
+        ctx.log(f"  {label}: mix {r['rule']}: {r['kind']} {r['value']:g} -> {r['tokens_delivered']:,} tokens "
+                f"({100 * r['share_delivered']:.2f}% delivered, {100 * r['share_asked']:.2f}% asked); "
+                f"{r['documents_drawn']:,} of {r['documents']:,} documents, {r['repeated_copies']:,} repeated copies")
+    return out_index, out_codes, summary
 
 
 PACK_GROUP_TOKENS = 1 << 24  # ids a pack task gathers (64 MiB of int32); decided in the driver, from totals only
