@@ -209,6 +209,24 @@ def verify_pairs_exact(a: np.ndarray, b: np.ndarray, text_a: list, text_b: list,
     return out if threshold is None else out[out["similarity"] >= threshold].reset_index(drop=True)
 
 
+def verify_pairs_by_uid(a: np.ndarray, b: np.ndarray, texts: tuple, spec: ShingleSpec,
+                        threshold: Optional[float]) -> pd.DataFrame:
+    """`verify_pairs_exact` with the texts given once, by uid (`texts`: sorted uids and their texts,
+    shared by every chunk of pairs): a document in several pairs is shingled and sorted once per
+    `VERIFY_PAIRS` pairs instead of once per pair."""
+    uids, values = texts
+    a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+    sims = []
+    for i in range(0, len(a), VERIFY_PAIRS):
+        ca, cb = a[i:i + VERIFY_PAIRS], b[i:i + VERIFY_PAIRS]
+        ends = np.unique(np.concatenate([ca, cb]))
+        hashes, offsets = shingle_hashes(pa.array(list(values[np.searchsorted(uids, ends)]), pa.string()), spec)
+        sims.append(sketch.pair_jaccard_indexed(hashes, offsets, np.searchsorted(ends, ca), np.searchsorted(ends, cb)))
+    sim = np.concatenate(sims) if sims else np.zeros(0)
+    out = pd.DataFrame({"a": a, "b": b, "similarity": sim})
+    return out if threshold is None else out[out["similarity"] >= threshold].reset_index(drop=True)
+
+
 def verify_exact_edges(part: pd.DataFrame, spec: ShingleSpec, threshold: Optional[float]) -> pd.DataFrame:
     """`verify_pairs_exact` of one partition of candidates joined with both texts (text_a, text_b)."""
     if part.empty:

@@ -16,8 +16,9 @@ from corpusmill.pipeline.runner import Pipeline
 from corpusmill.pipeline.steps.dedup.signatures import signature_spec
 from corpusmill.stages.base import DOC_SCHEMA
 from corpusmill.stages.exact_dedup import drop_uids_batch, drop_uids_table, hash_batch, hash_file, hash_texts
-from corpusmill.stages.near_dedup import signature_part
+from corpusmill.stages.near_dedup import signature_part, verify_pairs_by_uid, verify_pairs_exact
 from corpusmill.stages.normalize import fold_whitespace_array, normalize_array
+from corpusmill.stages.shingles import ShingleSpec
 from tests.conftest import write_jsonl
 
 TEXTS = [
@@ -106,3 +107,16 @@ def test_dedup_job_with_deferred_exact_removal_balances_and_writes_the_kept_part
     assert removed["text"].notna().all()  # the exact step's audit rows got their texts in that pass too
     kept = pq.read_table(str(out / "kept")).column("id").to_pylist()
     assert len(kept) == 40 and set(kept) == {d["id"] for d in docs}
+
+
+def test_pairs_verified_by_uid_equal_the_pairwise_check():
+    rng = random.Random(1)
+    words = [f"w{i}" for i in range(300)]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 80))) for _ in range(50)] + ["", "中文测试文本" * 5]
+    uids = np.arange(100, 100 + len(texts), dtype=np.int64)
+    a = np.array([rng.choice(uids) for _ in range(300)])
+    b = np.array([rng.choice(uids) for _ in range(300)])
+    spec = ShingleSpec(unit="char")
+    ref = verify_pairs_exact(a, b, [texts[i - 100] for i in a], [texts[i - 100] for i in b], spec, 0.02)
+    got = verify_pairs_by_uid(a, b, (uids, np.asarray(texts, dtype=object)), spec, 0.02)
+    assert 0 < len(got) < 300 and got.equals(ref)

@@ -66,10 +66,9 @@ def _exact_check_in_memory(ctx: StepContext, pairs: pd.DataFrame, parts: list[st
     ends_future = ctx.broadcast(endpoints)
     texts = pd.concat(ctx.run([delayed(near_dedup.texts_for_uids)(p, ends_future, spec.normalize) for p in parts],
                               f"near_dedup: {method} texts to verify"), ignore_index=True).sort_values("uid")
-    uids, values = texts["uid"].to_numpy(), np.asarray(texts["text"].tolist(), dtype=object)
-    ta, tb = near_dedup.lookup(uids, values, a), near_dedup.lookup(uids, values, b)
+    # every worker gets the texts once; each task names its pairs by uid
+    shared = ctx.broadcast((texts["uid"].to_numpy(), np.asarray(texts["text"].tolist(), dtype=object)))
     chunks = np.array_split(np.arange(len(pairs)), max(1, min(len(pairs) // 256, 2 * ctx.n_workers)))
-    tasks = [delayed(near_dedup.verify_pairs_exact)(a[c], b[c], list(ta[c]), list(tb[c]), spec.verify, threshold)
-             for c in chunks if len(c)]
+    tasks = [delayed(near_dedup.verify_pairs_by_uid)(a[c], b[c], shared, spec.verify, threshold) for c in chunks if len(c)]
     verified = pd.concat(ctx.run(tasks, f"near_dedup: {method}: exact Jaccard"), ignore_index=True)
     return dd.from_pandas(verified, npartitions=1)
