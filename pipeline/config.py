@@ -517,7 +517,9 @@ class DedupConfig(_Section):
                               "one in dedup.reference (corpusmill dedup --against DIR).")
     keep_order: Literal["max", "min"] = Field("max", description="With keep: field, keep the largest (newest) or smallest value.")
     components_memory_mb: int = Field(
-        512, ge=0, le=MAX_MEMORY_MB, description="Connected components run in memory below this edge-list size, distributed on Dask above."
+        512, ge=0, le=MAX_MEMORY_MB, description="The driver's memory budget for dedup's grouping phases: exact-hash "
+        "groups, MinHash LSH buckets, SimHash tables, the texts of the exact Jaccard check and connected components run "
+        "in the driver while their estimated size stays below it, as Dask shuffles (distributed) above it."
     )
     audit_text_chars: Optional[int] = Field(
         2000, ge=0, le=MAX_COUNT, description="Characters of each removed duplicate's text kept in its audit row "

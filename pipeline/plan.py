@@ -59,12 +59,13 @@ def build_plan(cfg: Config, job: str) -> Plan:
     if cfg.dedup.reference:
         steps.append(ReferenceDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
     exact_reads = steps[-1].name if cfg.dedup.exact else None
-    if cfg.dedup.exact:
-        steps.append(ExactDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
+    near = cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled
+    if cfg.dedup.exact:  # followed by near dedup, exact only finds: near's one removal pass drops both
+        steps.append(ExactDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts, defer_removal=near))
     near_reads = None
-    if cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled:
-        near_reads = steps[-1].name
-        steps.append(NearDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
+    if near:
+        near_reads = exact_reads or steps[-1].name  # the parts its documents are in
+        steps.append(NearDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts, parts_from=exact_reads))
     if job == "run" and cfg.decontaminate.sets:
         steps.append(DecontaminateStep(reads=steps[-1].name))
     last_documents = steps[-1].name

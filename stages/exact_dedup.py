@@ -6,10 +6,12 @@ every copy of a hash into one partition with a Dask shuffle and calls `duplicate
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from .base import REMOVED_META, BatchResult
@@ -38,6 +40,22 @@ def hash_batch(df: pd.DataFrame) -> pd.DataFrame:
             "h_lo": pairs[:, 1].copy(),
         }
     )
+
+
+def hash_texts(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(h_hi, h_lo): `hash_batch`'s xxh3-128 of each string of an Arrow array, read straight from
+    its UTF-8 buffer (no Python string per document)."""
+    texts = pc.fill_null(texts.cast(pa.large_string()), "")
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    if len(texts) == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[texts.offset:texts.offset + len(texts) + 1]
+    data = memoryview(texts.buffers()[2] or b"")
+    digest = xxhash.xxh3_128_digest
+    pairs = np.frombuffer(b"".join([digest(data[a:b]) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]),
+                          dtype=np.int64).reshape(-1, 2)
+    return pairs[:, 0].copy(), pairs[:, 1].copy()
 
 
 def hash_file(path: str, normalize: Optional[dict] = None) -> pd.DataFrame:
@@ -94,3 +112,32 @@ def drop_uids_batch(df: pd.DataFrame, drop_sorted: np.ndarray, reason: Optional[
     if reason is not None:
         stats["removed"] = {reason: int(drop.sum())}
     return BatchResult(kept=kept, stats=stats)
+
+
+def drop_uids_table(table: pa.Table, drop_sorted: np.ndarray, reason: Optional[str] = "exact",
+                    excerpt_chars: Optional[int] = 0) -> Any:
+    """`drop_uids_batch` on an Arrow table (the removal pass reads and writes Arrow: no pandas round
+    trip of every kept text), with `by_group` of what it keeps counted here. With `excerpt_chars`
+    not 0, also {uid: text cut to that many characters (None: whole)} of the removed documents, for
+    their audit rows: (BatchResult, texts)."""
+    from .base import excerpt
+    from .composition import group_counts
+
+    uids = table.column("uid").to_numpy()
+    if len(drop_sorted) and len(uids):
+        pos = np.searchsorted(drop_sorted, uids).clip(max=len(drop_sorted) - 1)
+        drop = drop_sorted[pos] == uids
+    else:
+        drop = np.zeros(len(uids), dtype=bool)
+    kept = table.filter(pa.array(~drop)) if drop.any() else table
+    stats: dict = {"docs_in": table.num_rows, "docs_out": kept.num_rows}
+    if reason is not None:
+        stats["removed"] = {reason: int(drop.sum())}
+    if {"source", "language", "text"} <= set(kept.column_names):
+        chars = pc.fill_null(pc.utf8_length(kept.column("text")), 0).to_numpy() if kept.num_rows else np.empty(0, np.int64)
+        stats["by_group"] = group_counts(kept.column("source").to_pylist(), kept.column("language").to_pylist(), chars=chars)
+    result = BatchResult(kept=kept, stats=stats)
+    if excerpt_chars == 0:
+        return result
+    gone = table.filter(pa.array(drop))
+    return result, dict(zip(gone.column("uid").to_pylist(), excerpt(gone.column("text").to_pylist(), excerpt_chars)))

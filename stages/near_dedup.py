@@ -6,6 +6,7 @@ apart from removing them (the removal reuses `exact_dedup.drop_uids_batch`).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +18,9 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
-from . import minhash, simhash, sketch
+from . import exact_dedup, minhash, simhash, sketch
 from .base import REMOVED_META, write_table_atomic
-from .normalize import normalize_array
+from .normalize import fold_whitespace_array, normalize_array
 from .shingles import ShingleSpec, same_components, shingle_hashes, shingle_hashes_multi
 
 
@@ -32,22 +33,44 @@ class SignatureSpec:
     verify: Optional[ShingleSpec] = None  # the space of the Jaccard threshold (exact checks of either method)
     keep_field: Optional[str] = None
     normalize: Optional[dict] = None  # normalise before shingling (when the stored text is the original)
+    exact: bool = False  # also the exact-dedup hash (h_hi, h_lo) of the normalised text: one pass for both steps
+
+    def near(self) -> "SignatureSpec":
+        """The spec without the exact hash: what near dedup's own signatures depend on."""
+        return dataclasses.replace(self, exact=False)
 
 
-def signature_part(in_path: str, out_path: str, spec: SignatureSpec) -> dict:
-    """Signatures and keep attributes of one part: uid, id, source, n_chars, keep_key, minhash, simhash."""
-    table = pq.read_table(in_path, columns=["uid", "id", "source", "text", "meta"])
-    texts = table.column("text").combine_chunks()
+def signature_part(in_path: str, out_path: str, spec: SignatureSpec, exclude: Optional[np.ndarray] = None) -> dict:
+    """Signatures and keep attributes of one part: uid, id, source, n_chars, keep_key, minhash, simhash,
+    and with `spec.exact` the xxh3-128 (h_hi, h_lo) of the text normalised as exact dedup hashes it.
+    The text is read and normalised once for all of them (the fused pass of exact and near dedup);
+    with `spec.exact` also each document's `language` and `raw_chars` (the stored text's length), so
+    the exact step can count what it passes on without writing it. `exclude` (sorted uids) leaves
+    out documents an earlier find phase removed whose removal is deferred to a later pass."""
+    columns = ["uid", "id", "source", "text"] + (["meta"] if spec.keep_field else [])
+    has_language = spec.exact and "language" in pq.read_schema(in_path).names
+    table = pq.read_table(in_path, columns=columns + (["language"] if has_language else []))
+    if exclude is not None and len(exclude) and table.num_rows:
+        uid = table.column("uid").to_numpy()
+        pos = np.searchsorted(exclude, uid).clip(max=len(exclude) - 1)
+        table = table.filter(pa.array(exclude[pos] != uid))
+    raw = table.column("text").combine_chunks()
+    texts = raw
     if spec.normalize is not None:
         # shingling splits on any whitespace, so folding it here would change nothing
-        texts = normalize_array(texts, **{**spec.normalize, "fold_whitespace": False})
+        texts = normalize_array(raw, **{**spec.normalize, "fold_whitespace": False})
     cols = {
         "uid": table.column("uid"),
         "id": table.column("id"),
         "source": table.column("source"),
         "n_chars": pa.compute.utf8_length(texts).cast(pa.int64()),
-        "keep_key": pa.array(_keep_keys(table.column("meta").to_pylist(), spec.keep_field), pa.string()),
+        "keep_key": pa.array(_keep_keys(table.column("meta").to_pylist() if spec.keep_field else [None] * table.num_rows,
+                                        spec.keep_field), pa.string()),
     }
+    if spec.exact:
+        cols["h_hi"], cols["h_lo"] = (pa.array(h) for h in exact_dedup.hash_texts(_exact_text(raw, texts, spec.normalize)))
+        cols["language"] = table.column("language") if has_language else pa.nulls(table.num_rows, pa.string())
+        cols["raw_chars"] = pa.compute.fill_null(pa.compute.utf8_length(raw), 0).cast(pa.int64())
     stats = {"docs": table.num_rows}
     if spec.keep_field:  # the step stops when no document has the field, and says how many lack it
         stats["keep_field_missing"] = cols["keep_key"].null_count
@@ -79,6 +102,19 @@ def signature_part(in_path: str, out_path: str, spec: SignatureSpec) -> dict:
         cols["simhash_features"] = pa.array(np.concatenate(n_feat) if n_feat else np.empty(0, np.int64))
     write_table_atomic(pa.table(cols), Path(out_path))
     return stats
+
+
+def _exact_text(raw: pa.Array, unfolded: pa.Array, normalize: Optional[dict]) -> pa.Array:
+    """The text exact dedup hashes (`normalize_array(raw, **normalize)`), from the unfolded
+    normalisation already made for shingling when folding is the last pass (no Chinese conversion
+    after it), else normalised again."""
+    if normalize is None:
+        return raw
+    if not normalize.get("fold_whitespace", True):
+        return unfolded
+    if normalize.get("chinese_convert"):
+        return normalize_array(raw, **normalize)
+    return fold_whitespace_array(unfolded)
 
 
 SLICE_BYTES = 8 << 20
@@ -170,6 +206,24 @@ def verify_pairs_exact(a: np.ndarray, b: np.ndarray, text_a: list, text_b: list,
             for i in range(0, len(a), VERIFY_PAIRS)]
     sim = np.concatenate(sims) if sims else np.zeros(0)
     out = pd.DataFrame({"a": np.asarray(a, dtype=np.int64), "b": np.asarray(b, dtype=np.int64), "similarity": sim})
+    return out if threshold is None else out[out["similarity"] >= threshold].reset_index(drop=True)
+
+
+def verify_pairs_by_uid(a: np.ndarray, b: np.ndarray, texts: tuple, spec: ShingleSpec,
+                        threshold: Optional[float]) -> pd.DataFrame:
+    """`verify_pairs_exact` with the texts given once, by uid (`texts`: sorted uids and their texts,
+    shared by every chunk of pairs): a document in several pairs is shingled and sorted once per
+    `VERIFY_PAIRS` pairs instead of once per pair."""
+    uids, values = texts
+    a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+    sims = []
+    for i in range(0, len(a), VERIFY_PAIRS):
+        ca, cb = a[i:i + VERIFY_PAIRS], b[i:i + VERIFY_PAIRS]
+        ends = np.unique(np.concatenate([ca, cb]))
+        hashes, offsets = shingle_hashes(pa.array(list(values[np.searchsorted(uids, ends)]), pa.string()), spec)
+        sims.append(sketch.pair_jaccard_indexed(hashes, offsets, np.searchsorted(ends, ca), np.searchsorted(ends, cb)))
+    sim = np.concatenate(sims) if sims else np.zeros(0)
+    out = pd.DataFrame({"a": a, "b": b, "similarity": sim})
     return out if threshold is None else out[out["similarity"] >= threshold].reset_index(drop=True)
 
 

@@ -100,14 +100,22 @@ def normalize_array(
         arr = pc.replace_substring_regex(arr, ANSI_ESCAPE, "")
         arr = pc.replace_substring_regex(arr, CONTROL, "")
     if fold_whitespace:
-        arr = pc.replace_substring_regex(arr, OTHER_HSPACE, " ")
-        arr = pc.replace_substring_regex(arr, "  +", " ")
-        arr = pc.replace_substring_regex(arr, r" ?\n ?", "\n")
-        arr = pc.replace_substring_regex(arr, r"\n{3,}", "\n\n")
-        arr = pc.utf8_trim_whitespace(arr)
+        arr = fold_whitespace_array(arr)
     if chinese_convert:
         arr, _ = convert_chinese(arr, chinese_convert)
     return arr
+
+
+def fold_whitespace_array(arr: pa.Array) -> pa.Array:
+    """The whitespace folding of `normalize_array` on its own: `normalize_array(x, **opts)` equals
+    `fold_whitespace_array(normalize_array(x, **opts, fold_whitespace=False))` when no Chinese
+    conversion follows, so dedup normalises once for shingling (which splits on any whitespace)
+    and folds that for the exact hash."""
+    arr = pc.replace_substring_regex(arr, OTHER_HSPACE, " ")
+    arr = pc.replace_substring_regex(arr, "  +", " ")
+    arr = pc.replace_substring_regex(arr, r" ?\n ?", "\n")
+    arr = pc.replace_substring_regex(arr, r"\n{3,}", "\n\n")
+    return pc.utf8_trim_whitespace(arr)
 
 
 _CONVERTERS: dict = {}

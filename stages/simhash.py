@@ -80,23 +80,41 @@ def near_edges(rows: pd.DataFrame, max_distance: int, max_bucket: int = 1000, wi
     each distinct one with its `window` sorted neighbours only."""
     if rows.empty:
         return EDGE_META.copy()
-    size = rows.groupby("block_key", sort=False)["uid"].transform("size").to_numpy()
-    small = rows[(size >= 2) & (size <= max_bucket)]
-    frames = []
-    if len(small):
-        pairs = small.merge(small, on="block_key", suffixes=("_a", "_b"))
-        pairs = pairs[pairs["uid_a"] > pairs["uid_b"]]
-        with np.errstate(over="ignore"):
-            d = popcount64(pairs["fingerprint_a"].to_numpy().view(np.uint64) ^ pairs["fingerprint_b"].to_numpy().view(np.uint64))
-        near = d <= max_distance
-        frames.append(pd.DataFrame({"a": pairs["uid_a"].to_numpy()[near], "b": pairs["uid_b"].to_numpy()[near],
-                                    "distance": d[near]}))
+    keys = rows["block_key"].to_numpy()
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    sizes = np.diff(np.r_[starts, len(keys)])
+    frames = [_small_bucket_pairs(rows["uid"].to_numpy()[order], rows["fingerprint"].to_numpy()[order].view(np.uint64),
+                                  starts, sizes, max_bucket, max_distance)]
+    size = np.empty(len(keys), dtype=np.int64)
+    size[order] = np.repeat(sizes, sizes)
     for _, bucket in rows[size > max_bucket].groupby("block_key", sort=False):
         frames.append(_oversized_bucket(bucket, max_distance, window))
     if not frames:
         return EDGE_META.copy()
     edges = pd.concat(frames, ignore_index=True)
     return edges.drop_duplicates(subset=["a", "b"], ignore_index=True).astype(EDGE_META.dtypes.to_dict())
+
+
+def _small_bucket_pairs(uid: np.ndarray, fp: np.ndarray, starts: np.ndarray, sizes: np.ndarray, max_bucket: int,
+                        max_distance: int) -> pd.DataFrame:
+    """Every pair of every bucket of 2..`max_bucket` rows (rows sorted by key: bucket i is
+    rows[starts[i]:starts[i] + sizes[i]]) within `max_distance` bits, as (larger uid, smaller uid,
+    distance): the all-pairs self-merge of those buckets, made with index arithmetic."""
+    sel = (sizes >= 2) & (sizes <= max_bucket)
+    st, sz = starts[sel], sizes[sel]
+    if not len(st):
+        return EDGE_META.copy()
+    pos = np.repeat(st - np.cumsum(np.r_[0, sz[:-1]]), sz) + np.arange(int(sz.sum()))  # row of each member
+    later = np.repeat(sz, sz) - (pos - np.repeat(st, sz)) - 1  # members after it in its bucket
+    first = np.repeat(pos, later)
+    second = first + np.arange(len(first)) - np.repeat(np.cumsum(later) - later, later) + 1
+    with np.errstate(over="ignore"):
+        d = popcount64(fp[first] ^ fp[second])
+    near = (d <= max_distance) & (uid[first] != uid[second])
+    a, b = uid[first][near], uid[second][near]
+    return pd.DataFrame({"a": np.maximum(a, b), "b": np.minimum(a, b), "distance": d[near]})
 
 
 def _oversized_bucket(bucket: pd.DataFrame, max_distance: int, window: int) -> pd.DataFrame:

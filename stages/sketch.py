@@ -186,3 +186,33 @@ def pair_jaccard(hashes_a: np.ndarray, offsets_a: np.ndarray, hashes_b: np.ndarr
                 j += 1
         out[p] = inter / union if union > 0 else 1.0
     return out
+
+
+@nb.njit(cache=True, nogil=True)
+def pair_jaccard_indexed(hashes: np.ndarray, offsets: np.ndarray, ia: np.ndarray, ib: np.ndarray) -> np.ndarray:
+    """`pair_jaccard` of documents given once (pair p: documents ia[p] and ib[p] of one flat set):
+    a document in several pairs is sorted once, not once per pair."""
+    srt = np.empty_like(hashes)
+    for d in range(len(offsets) - 1):
+        srt[offsets[d]:offsets[d + 1]] = np.sort(hashes[offsets[d]:offsets[d + 1]])
+    out = np.empty(len(ia), dtype=np.float64)
+    for p in range(len(ia)):
+        x = srt[offsets[ia[p]]:offsets[ia[p] + 1]]
+        y = srt[offsets[ib[p]]:offsets[ib[p] + 1]]
+        i = j = inter = union = 0
+        while i < len(x) or j < len(y):
+            if j == len(y) or (i < len(x) and x[i] < y[j]):
+                v = x[i]
+            else:
+                v = y[j]
+            in_x = i < len(x) and x[i] == v
+            in_y = j < len(y) and y[j] == v
+            union += 1
+            if in_x and in_y:
+                inter += 1
+            while i < len(x) and x[i] == v:
+                i += 1
+            while j < len(y) and y[j] == v:
+                j += 1
+        out[p] = inter / union if union > 0 else 1.0
+    return out

@@ -7,6 +7,7 @@ from typing import Any, Optional
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 from dask import delayed
 
 from corpusmill.stages import minhash, near_dedup
@@ -37,11 +38,17 @@ def minhash_edges(ctx: StepContext, sig_paths: list[str], parts: list[str], spec
     bands, rows = lsh_shape(ctx)
     ctx.log(f"  near_dedup: MinHash LSH, {bands} bands x {rows} rows (threshold {mc.threshold})")
     stats["minhash_bands"], stats["minhash_rows"] = bands, rows
-    buckets = dd.from_map(near_dedup.minhash_band_part, sig_paths, bands=bands, rows=rows,
-                          meta=minhash.BAND_META, enforce_metadata=False)
-    cand = buckets.shuffle(on="band_key", npartitions=nparts).map_partitions(minhash.bucket_edges, meta=minhash.EDGE_META)
-    cand = cand.shuffle(on="a", npartitions=nparts).map_partitions(lambda p: p.drop_duplicates(), meta=minhash.EDGE_META)
-    cand = ctx.persist(cand, "near_dedup: LSH buckets -> candidate pairs (Dask shuffles)")
+    if bands * signature_rows(sig_paths) * LSH_ROW_BYTES <= budget:
+        # every band key fits the driver: the same kernel over one frame holding every bucket, no shuffle
+        frames = ctx.run([delayed(near_dedup.minhash_band_part)(p, bands, rows) for p in sig_paths],
+                         "near_dedup: LSH band keys")
+        cand = dd.from_pandas(minhash.bucket_edges(pd.concat(frames, ignore_index=True)), npartitions=1)
+    else:
+        buckets = dd.from_map(near_dedup.minhash_band_part, sig_paths, bands=bands, rows=rows,
+                              meta=minhash.BAND_META, enforce_metadata=False)
+        cand = buckets.shuffle(on="band_key", npartitions=nparts).map_partitions(minhash.bucket_edges, meta=minhash.EDGE_META)
+        cand = cand.shuffle(on="a", npartitions=nparts).map_partitions(lambda p: p.drop_duplicates(), meta=minhash.EDGE_META)
+        cand = ctx.persist(cand, "near_dedup: LSH buckets -> candidate pairs (Dask shuffles)")
     n_cand = int(cand.map_partitions(len).compute().sum())
     threshold = mc.threshold if mc.verify else None
     # first the signatures' estimate; with verification on, only pairs it puts within 5 standard
@@ -55,6 +62,14 @@ def minhash_edges(ctx: StepContext, sig_paths: list[str], parts: list[str], spec
         verified = exact_check(ctx, verified, parts, spec, threshold, "minhash", n_cand, stats)
     stats["minhash_candidates"] = n_cand
     return verified.assign(method=np.int8(METHOD))
+
+
+LSH_ROW_BYTES = 128  # one (band key, uid) row in the driver with the grouping's and pairing's temporaries
+
+
+def signature_rows(sig_paths: list[str]) -> int:
+    """Documents in the signature parts (from their Parquet footers)."""
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in sig_paths)
 
 
 def _estimate_in_memory(ctx: StepContext, cand: Any, sig_paths: list[str], floor: Optional[float]) -> Any:

@@ -3,6 +3,7 @@ removal. Each phase is a module of this package; this step only wires them in or
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Optional
 
 import dask.dataframe as dd
 import pyarrow as pa
@@ -10,11 +11,10 @@ from dask import delayed
 
 from corpusmill.stages import near_dedup
 from corpusmill.stages.base import write_table_atomic
-from corpusmill.stages.shingles import ShingleSpec
 
 from ...config import Config
 from ...step import PipelineError, StepContext, StepResult
-from . import clustering, reference, removal
+from . import clustering, reference, removal, signatures
 from .minhash_edges import minhash_edges
 from .simhash_edges import simhash_edges
 
@@ -24,19 +24,7 @@ class NearDedupStep(removal.DedupStep):
     kind = "near"
 
     def signature_spec(self, cfg: Config) -> near_dedup.SignatureSpec:
-        dc, sh = cfg.dedup, cfg.dedup.shingling
-        return near_dedup.SignatureSpec(
-            minhash=ShingleSpec(dc.minhash.word_ngram, dc.minhash.char_ngram, sh.lowercase, sh.strip_punctuation,
-                                sh.cjk_share, sh.unit) if dc.minhash.enabled else None,
-            num_perm=dc.minhash.num_perm,
-            seed=dc.minhash.seed,
-            simhash=ShingleSpec(dc.simhash.word_ngram, dc.simhash.char_ngram, sh.lowercase, sh.strip_punctuation,
-                                sh.cjk_share, dc.simhash.unit) if dc.simhash.enabled else None,
-            verify=ShingleSpec(dc.minhash.word_ngram, dc.minhash.char_ngram, sh.lowercase, sh.strip_punctuation,
-                               sh.cjk_share, sh.unit),
-            keep_field=dc.keep_field if dc.keep == "field" else None,
-            normalize=self.normalize_opts,
-        )
+        return signatures.signature_spec(cfg, self.normalize_opts)
 
     @staticmethod
     def _check_keep_field(ctx: StepContext, name: str, docs: int, results: list[dict]) -> int:
@@ -51,15 +39,37 @@ class NearDedupStep(removal.DedupStep):
             ctx.log(f"  near_dedup: {missing} of {docs} documents have no {name!r} field; in a cluster they lose to one that has it")
         return missing
 
+    def __init__(self, reads: str, normalize_opts: Optional[dict], parts_from: Optional[str] = None):
+        super().__init__(reads, normalize_opts)
+        # the exact step before this one only found its duplicates: its documents are still in the
+        # parts of `parts_from` (its input), and this step's removal pass drops both (the plan sets it)
+        self.parts_from = parts_from
+
+    def _from_exact(self, ctx: StepContext, parts: list[str], sig_paths: list[str],
+                    spec: near_dedup.SignatureSpec, exclude: Any) -> Optional[list]:
+        """This run's exact dedup step made the signatures in its pass (when it reads what this step's
+        input came from, with the same settings): take the rows of the documents it kept. None when
+        it did not."""
+        if self.reads != "exact_dedup":
+            return None
+        folder = ctx.rundir.folder("exact_dedup") / "signatures"
+        if not signatures.reusable(folder, spec, parts):
+            return None
+        return ctx.run([delayed(reference.filter_signatures)(str(folder / Path(p).name), p, o, exclude)
+                        for p, o in zip(parts, sig_paths)], "near_dedup: signatures (from exact_dedup's pass)")
+
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         dc = ctx.cfg.dedup
-        parts = ctx.parts(self.reads)
+        source = self.parts_from or self.reads
+        parts = ctx.parts(source)
+        pending = removal.removed_uids(ctx.rundir.removed_files("exact_dedup")) if self.parts_from else None
+        exclude = ctx.broadcast(pending) if pending is not None and len(pending) else None
         nparts = max(1, len(parts))
         spec = self.signature_spec(ctx.cfg)
         sig_paths = [str(folder / "signatures" / Path(p).name) for p in parts]
-        results = reference.reused_signatures(ctx, parts, sig_paths) or \
-            ctx.run([delayed(near_dedup.signature_part)(p, s, spec) for p, s in zip(parts, sig_paths)],
-                    "near_dedup: signatures")
+        results = reference.reused_signatures(ctx, parts, sig_paths, exclude) or \
+            self._from_exact(ctx, parts, sig_paths, spec, exclude) or \
+            signatures.compute(ctx, parts, folder / "signatures", spec, "near_dedup: signatures", exclude)
         stats: dict = {"docs_in": sum(r["docs"] for r in results), "edges": {}}
         if spec.keep_field:
             stats["keep_field_missing"] = self._check_keep_field(ctx, spec.keep_field, stats["docs_in"], results)
@@ -86,6 +96,5 @@ class NearDedupStep(removal.DedupStep):
         else:
             removed = removal.near_removed_distributed(ctx, labels, edge_files, sig_paths, nparts)
             ctx.write_partitions(removed, folder / "removed", "near_dedup: keepers per cluster (Dask shuffle)")
-        outputs = removal.finish_near(ctx, folder, self.reads, stats)
-        removal.attach_texts(ctx, folder, self.reads)
+        outputs = removal.finish_near(ctx, folder, source, stats, pending)
         return StepResult(stats, outputs)

@@ -369,10 +369,16 @@ class ReferenceDedupStep(removal.DedupStep):
         return pairs.assign(similarity=checked["similarity"].to_numpy())
 
 
-def filter_signatures(src: str, part: str, out_path: str) -> dict:
-    """The rows of an already computed signature part (`src`) for the documents of `part`, written to
-    `out_path`, with the stats `near_dedup.signature_part` returns."""
+EXACT_ONLY_COLUMNS = ("h_hi", "h_lo", "language", "raw_chars")  # what the signature pass adds for exact dedup
+
+
+def filter_signatures(src: str, part: str, out_path: str, exclude: Optional[np.ndarray] = None) -> dict:
+    """The rows of an already computed signature part (`src`) for the documents of `part` (less the
+    sorted uids `exclude`, removed by a find phase whose removal is deferred), written to `out_path`,
+    with the stats `near_dedup.signature_part` returns."""
     uids = np.sort(pq.read_table(part, columns=["uid"]).column("uid").to_numpy())
+    if exclude is not None and len(exclude) and len(uids):
+        uids = uids[exclude[np.searchsorted(exclude, uids).clip(max=len(exclude) - 1)] != uids]
     table = pq.read_table(src)
     uid = table.column("uid").to_numpy()
     if len(uids) and len(uid):
@@ -382,6 +388,7 @@ def filter_signatures(src: str, part: str, out_path: str) -> dict:
         table = table.slice(0, 0)
     if table.num_rows != len(uids):
         raise ValueError(f"{src}: holds {table.num_rows} of the {len(uids)} documents of {part}")
+    table = table.drop([c for c in EXACT_ONLY_COLUMNS if c in table.column_names])
     write_table_atomic(table, Path(out_path))
     stats = {"docs": table.num_rows, "keep_field_missing": table.column("keep_key").null_count}
     if "minhash_shingles" in table.column_names:
@@ -389,7 +396,7 @@ def filter_signatures(src: str, part: str, out_path: str) -> dict:
     return stats
 
 
-def reused_signatures(ctx: StepContext, parts: list[str], sig_paths: list[str]) -> Optional[list]:
+def reused_signatures(ctx: StepContext, parts: list[str], sig_paths: list[str], exclude: Any = None) -> Optional[list]:
     """When this run's reference_dedup already computed the signatures (with the same settings), the
     near dedup step takes its documents' rows from them instead of computing them again; None when it
     cannot (no reference step, or a part it did not see)."""
@@ -399,7 +406,7 @@ def reused_signatures(ctx: StepContext, parts: list[str], sig_paths: list[str]) 
     sources = [folder / Path(p).name for p in parts]
     if not all(s.is_file() for s in sources):
         return None
-    return ctx.run([delayed(filter_signatures)(str(s), p, o) for s, p, o in zip(sources, parts, sig_paths)],
+    return ctx.run([delayed(filter_signatures)(str(s), p, o, exclude) for s, p, o in zip(sources, parts, sig_paths)],
                    "near_dedup: signatures (reused from reference_dedup)")
 
 

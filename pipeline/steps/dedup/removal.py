@@ -45,18 +45,29 @@ def removed_uids(files: list[str]) -> np.ndarray:
 
 
 def remove_documents(ctx: StepContext, source: str, folder: Path, drop: np.ndarray, reason: Optional[str],
-                     label: str) -> dict[str, Any]:
+                     label: str, audit: Optional[list[Path]] = None) -> dict[str, Any]:
     """Copy the parts of `source` into `folder` without the uids in `drop` (sorted); counted under
-    `reason` (None: the caller counts removals by their own reasons)."""
+    `reason` (None: the caller counts removals by their own reasons). The same pass gives the audit
+    rows of the steps in `audit` (their folders) the removed texts (`attach_texts` without a read
+    pass of its own)."""
+    chars = ctx.cfg.dedup.audit_text_chars
     drop_future = ctx.broadcast(drop)
     kwargs: dict[str, Any] = {"drop_sorted": drop_future}
     if reason is None:
         kwargs["reason"] = None
-    tasks = [delayed(run_batch_part)(exact_dedup.drop_uids_batch, p, str(folder), "pandas", kwargs)
+    with_texts = bool(audit) and chars != 0
+    if with_texts:
+        kwargs["excerpt_chars"] = chars
+    tasks = [delayed(run_batch_part)(exact_dedup.drop_uids_table, p, str(folder), "arrow", kwargs)
              for p in ctx.parts(source)]
     stats: dict = {}
+    texts: dict = {}
     for r in ctx.run(tasks, label):
         merge_stats(stats, r["stats"])
+        texts.update(r["extra"] or {})
+    if with_texts:
+        for f in sorted(str(p) for d in audit or [] for p in (d / "removed").glob("*.parquet")):
+            attach_removed_text(f, texts)
     return stats
 
 
@@ -121,6 +132,13 @@ def near_removed_in_memory(ctx: StepContext, labels: pd.DataFrame, edge_files: l
     out = near_dedup.finish_removed(removed, *_thresholds(ctx))
     verified = (((out["reason"] == "minhash") & dc.minhash.enabled & dc.minhash.verify)
                 | ((out["reason"] == "simhash") & dc.simhash.enabled & dc.simhash.verify)).to_numpy()
+    if verified.any():  # a removed document next to its keeper on a verified edge has its Jaccard there
+        known = _verified_edge_similarity(edge_files, out["uid"].to_numpy(), out["duplicate_of"].to_numpy(),
+                                          dc.minhash.enabled and dc.minhash.verify, dc.simhash.enabled and dc.simhash.verify)
+        hit = verified & ~np.isnan(known)
+        out.loc[hit, "score"] = known[hit]
+        out.loc[hit, "threshold"] = dc.minhash.threshold
+        verified &= np.isnan(known)
     if parts and spec.verify is not None and verified.any():
         a, b = out["uid"].to_numpy()[verified], out["duplicate_of"].to_numpy()[verified]
         want = np.unique(np.concatenate([a, b]))
@@ -133,6 +151,27 @@ def near_removed_in_memory(ctx: StepContext, labels: pd.DataFrame, edge_files: l
         out.loc[verified, "score"] = exact["similarity"].to_numpy()
         out.loc[verified, "threshold"] = dc.minhash.threshold
     return out
+
+
+def _verified_edge_similarity(edge_files: list[str], uid: np.ndarray, keeper: np.ndarray, minhash_verified: bool,
+                              simhash_verified: bool) -> np.ndarray:
+    """The exact Jaccard of (uid, keeper) where that pair is an edge a verifying method wrote (NaN
+    elsewhere): edges carry it already, so only removed documents whose keeper is not their
+    neighbour need their texts read again."""
+    from .minhash_edges import METHOD as MINHASH
+    from .simhash_edges import METHOD as SIMHASH
+
+    out = np.full(len(uid), np.nan)
+    if not edge_files or not len(uid):
+        return out
+    e = pq.read_table(edge_files, columns=["a", "b", "similarity", "method"]).to_pandas()
+    e = e[e["method"].isin([m for m, on in ((MINHASH, minhash_verified), (SIMHASH, simhash_verified)) if on])]
+    if e.empty:
+        return out
+    hi, lo = np.maximum(e["a"], e["b"]).to_numpy(), np.minimum(e["a"], e["b"]).to_numpy()
+    edges = pd.Series(e["similarity"].to_numpy(), index=pd.MultiIndex.from_arrays([hi, lo])).groupby(level=[0, 1]).max()
+    found = edges.reindex(pd.MultiIndex.from_arrays([np.maximum(uid, keeper), np.minimum(uid, keeper)]))
+    return found.to_numpy(dtype=float)
 
 
 def near_removed_distributed(ctx: StepContext, labels: Any, edge_files: list[str], sig_paths: list[str],
@@ -156,14 +195,20 @@ def near_removed_distributed(ctx: StepContext, labels: Any, edge_files: list[str
         near_dedup.finish_removed, *_thresholds(ctx), meta=REMOVED_META)
 
 
-def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, Any]) -> dict[str, Any]:
-    """Remove what the near-duplicate search found, repoint exact duplicates of removed documents to
-    their keeper, and summarise the clusters. Returns the report's examples."""
+def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, Any],
+                pending: Optional[np.ndarray] = None) -> dict[str, Any]:
+    """Remove what the near-duplicate search found (and `pending`: the exact step's duplicates when it
+    deferred their removal to this one pass), repoint exact duplicates of removed documents to their
+    keeper, and summarise the clusters. Returns the report's examples."""
     files = sorted(str(p) for p in (folder / "removed").glob("*.parquet"))
     columns = ["uid", "reason", "cluster_id", "cluster_size", "duplicate_of", "duplicate_of_id"]
     table = pq.read_table(files, columns=columns) if files else None
     drop = np.sort(table.column("uid").to_numpy()) if table is not None else np.empty(0, np.int64)
-    passed = remove_documents(ctx, source, folder, drop, None, "near_dedup: remove")
+    audit = [folder]
+    if pending is not None:  # the exact step's removal is deferred to this pass: its audit texts too
+        drop = np.union1d(drop, pending)
+        audit.append(ctx.rundir.folder("exact_dedup"))
+    passed = remove_documents(ctx, source, folder, drop, None, "near_dedup: remove", audit)
     stats["docs_out"] = passed.get("docs_out", 0)
     stats["by_group"] = passed.get("by_group", {})
     reasons = table.column("reason").to_pandas().value_counts().to_dict() if table is not None else {}

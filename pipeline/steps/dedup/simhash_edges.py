@@ -8,12 +8,15 @@ from typing import Any
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
+from dask import delayed
 
 from corpusmill.stages import near_dedup, simhash
 
 from ...step import StepContext
+from .minhash_edges import signature_rows
 from .verify import exact_check
 
+TABLE_ROW_BYTES = 160  # one (key, uid, fingerprint) row in the driver with the grouping's and pairing's temporaries
 METHOD = 1  # edge method code (MinHash's 0 wins when both reach a document)
 
 
@@ -31,12 +34,18 @@ def simhash_edges(ctx: StepContext, sig_paths: list[str], parts: list[str], spec
     nparts = max(1, len(parts))
     n_tables = (k + 2) * (k + 1) // 2
     ctx.log(f"  near_dedup: SimHash, Hamming <= {k} via {n_tables} tables (pairs of {k + 2} blocks)")
-    blocks = dd.from_map(near_dedup.simhash_block_part, sig_paths, max_distance=k,
-                         meta=simhash.BLOCK_META, enforce_metadata=False)
-    near = blocks.shuffle(on="block_key", npartitions=nparts).map_partitions(
-        simhash.near_edges, k, sc.max_bucket, sc.window, meta=simhash.EDGE_META)
-    near = near.shuffle(on="a", npartitions=nparts).map_partitions(
-        lambda p: p.drop_duplicates(subset=["a", "b"]), meta=simhash.EDGE_META)
+    if n_tables * signature_rows(sig_paths) * TABLE_ROW_BYTES <= dc.components_memory_mb << 20:
+        # every table row fits the driver: the same kernel over one frame holding every bucket, no shuffle
+        frames = ctx.run([delayed(near_dedup.simhash_block_part)(p, k) for p in sig_paths], "near_dedup: SimHash table keys")
+        near = dd.from_pandas(simhash.near_edges(pd.concat(frames, ignore_index=True), k, sc.max_bucket, sc.window),
+                              npartitions=1)
+    else:
+        blocks = dd.from_map(near_dedup.simhash_block_part, sig_paths, max_distance=k,
+                             meta=simhash.BLOCK_META, enforce_metadata=False)
+        near = blocks.shuffle(on="block_key", npartitions=nparts).map_partitions(
+            simhash.near_edges, k, sc.max_bucket, sc.window, meta=simhash.EDGE_META)
+        near = near.shuffle(on="a", npartitions=nparts).map_partitions(
+            lambda p: p.drop_duplicates(subset=["a", "b"]), meta=simhash.EDGE_META)
     if not sc.verify:
         return near.map_partitions(_as_edges, meta=near_dedup.VERIFIED_META.assign(method=np.int8(0)))
     near = ctx.persist(near, "near_dedup: SimHash tables -> candidate pairs (Dask shuffles)")

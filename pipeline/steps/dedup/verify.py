@@ -4,6 +4,7 @@ The threshold is on the shingle sets of `SignatureSpec.verify` (dedup.shingling 
 n-gram sizes: the space `dedup.minhash.threshold` is defined on), whichever method found the pair."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import dask.dataframe as dd
@@ -13,7 +14,7 @@ from dask import delayed
 
 from corpusmill.stages import near_dedup
 
-from ...step import StepContext
+from ...step import TEXT_PER_PARQUET_BYTE, StepContext
 
 
 def exact_check(ctx: StepContext, pairs: Any, parts: list[str], spec: near_dedup.SignatureSpec, threshold: float,
@@ -21,6 +22,10 @@ def exact_check(ctx: StepContext, pairs: Any, parts: list[str], spec: near_dedup
     """A lazy Dask frame (a, b, similarity) of the pairs whose true Jaccard reaches `threshold`,
     reading only the endpoints' texts (once, shared by both sides of the merge)."""
     plausible = pairs[["a", "b"]]
+    if plausible.npartitions == 1:  # the candidates are in memory already: verify without Dask merges
+        local = plausible.compute()
+        if _texts_fit(ctx, parts, local):
+            return _exact_check_in_memory(ctx, local, parts, spec, threshold, method, n_cand, stats)
     ends = dd.concat([plausible[["a"]].rename(columns={"a": "u"}), plausible[["b"]].rename(columns={"b": "u"})])
     endpoints = np.unique(ctx.compute(ends["u"].unique(), f"near_dedup: {method} documents to verify").to_numpy()).astype(np.int64)
     ends_future = ctx.broadcast(endpoints)
@@ -34,3 +39,36 @@ def exact_check(ctx: StepContext, pairs: Any, parts: list[str], spec: near_dedup
     return plausible.merge(texts.rename(columns={"uid": "a", "text": "text_a"}), on="a").merge(
         texts.rename(columns={"uid": "b", "text": "text_b"}), on="b").map_partitions(
         near_dedup.verify_exact_edges, spec.verify, threshold, meta=near_dedup.VERIFIED_META)
+
+
+def _texts_fit(ctx: StepContext, parts: list[str], pairs: pd.DataFrame) -> bool:
+    """Whether the endpoints' texts (estimated from the parts' mean document size) fit the driver's
+    budget `dedup.components_memory_mb`."""
+    import pyarrow.parquet as pq
+
+    docs = sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
+    mean_bytes = sum(os.path.getsize(p) for p in parts) * TEXT_PER_PARQUET_BYTE / max(1, docs)
+    endpoints = len(np.unique(np.concatenate([pairs["a"].to_numpy(), pairs["b"].to_numpy()])))
+    return endpoints * mean_bytes * 4 <= ctx.cfg.dedup.components_memory_mb << 20
+
+
+def _exact_check_in_memory(ctx: StepContext, pairs: pd.DataFrame, parts: list[str], spec: near_dedup.SignatureSpec,
+                           threshold: float, method: str, n_cand: int, stats: dict[str, Any]) -> Any:
+    """`exact_check` when the pairs and their texts fit the driver: the endpoints' texts are read once
+    (one task per part), and the pairs are checked in one task per worker-sized chunk."""
+    a, b = pairs["a"].to_numpy(), pairs["b"].to_numpy()
+    endpoints = np.unique(np.concatenate([a, b])).astype(np.int64)
+    stats[f"{method}_exact_checks"] = len(pairs)
+    ctx.log(f"  near_dedup: {method}: {n_cand} candidate pairs, {len(pairs)} within reach of the threshold: "
+            f"verifying those by exact Jaccard ({len(endpoints)} documents)")
+    if not len(pairs):
+        return dd.from_pandas(near_dedup.VERIFIED_META.copy(), npartitions=1)
+    ends_future = ctx.broadcast(endpoints)
+    texts = pd.concat(ctx.run([delayed(near_dedup.texts_for_uids)(p, ends_future, spec.normalize) for p in parts],
+                              f"near_dedup: {method} texts to verify"), ignore_index=True).sort_values("uid")
+    # every worker gets the texts once; each task names its pairs by uid
+    shared = ctx.broadcast((texts["uid"].to_numpy(), np.asarray(texts["text"].tolist(), dtype=object)))
+    chunks = np.array_split(np.arange(len(pairs)), max(1, min(len(pairs) // 256, 2 * ctx.n_workers)))
+    tasks = [delayed(near_dedup.verify_pairs_by_uid)(a[c], b[c], shared, spec.verify, threshold) for c in chunks if len(c)]
+    verified = pd.concat(ctx.run(tasks, f"near_dedup: {method}: exact Jaccard"), ignore_index=True)
+    return dd.from_pandas(verified, npartitions=1)
