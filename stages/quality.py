@@ -25,7 +25,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .shingles import ShingleSpec, _component_hashes, _ranges, fmix64
+from . import quality_loops
+from .shingles import ShingleSpec, _component_hashes, utf8_buffers
 
 SCORES_VERSION = 3  # bump when a score's definition changes: stored scores of another version are recomputed
 
@@ -90,25 +91,11 @@ def _code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return points, doc_of
 
 
-def _char_scores(texts: list[str]) -> dict[str, np.ndarray]:
+def _char_scores(texts: pa.Array) -> dict[str, np.ndarray]:
     cls_table, ts_table = _class_tables()
-    n = len(texts)
-    points, doc_of = _code_points(texts)
-    cls = cls_table[points]
-    counts = np.bincount(doc_of * N_CLASSES + cls, minlength=n * N_CLASSES).reshape(n, N_CLASSES)
-    ts = ts_table[points]
-    trad = np.bincount(doc_of[ts == 1], minlength=n)
-    simp = np.bincount(doc_of[ts == 2], minlength=n)
-    # longest run of one repeated letter
-    is_letter = (cls >= C_HAN) & (cls <= C_OTHER_LETTER)
-    same = np.zeros(len(points), dtype=bool)
-    if len(points) > 1:
-        same[1:] = (points[1:] == points[:-1]) & (doc_of[1:] == doc_of[:-1]) & is_letter[1:]
-    run_id = np.cumsum(~same) - 1
-    run_len = np.bincount(run_id) if len(points) else np.zeros(0, np.int64)
-    run_doc = doc_of[~same] if len(points) else np.zeros(0, np.int64)
-    runs_per_doc = np.bincount(run_doc, minlength=n)  # runs are in document order
-    max_run = _max_per_doc((run_len * is_letter[~same]).astype(np.float64), runs_per_doc, n).astype(np.int64)
+    data, offsets = utf8_buffers(texts)
+    counts, trad, simp, max_run = quality_loops.char_classes(data, offsets, cls_table, ts_table, N_CLASSES,
+                                                             C_HAN, C_OTHER_LETTER)
     letters = counts[:, C_HAN:C_OTHER_LETTER + 1].sum(axis=1)
     cjk = counts[:, C_HAN] + counts[:, C_KANA] + counts[:, C_HANGUL]
     chars = counts.sum(axis=1)
@@ -177,8 +164,6 @@ def _segment_stats(texts: pa.Array, pattern: str, cjk_doc: np.ndarray, short_cha
 
 # ---- n-gram repetition (Gopher) ----------------------------------------------------------------
 TOP_NGRAMS = (2, 3, 4)
-FOLD = np.uint64(0x100000001B3)
-FOLD_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
 DUP_NGRAMS = (5, 6, 7, 8, 9, 10)
 
 
@@ -188,84 +173,14 @@ def _ngram_scores(texts: pa.Array, cjk: np.ndarray, cjk_scale: int) -> dict[str,
     count), dup_N = share of component characters covered by N-grams that occur more than once."""
     spec = ShingleSpec(lowercase=True, strip_punctuation=True, cjk_share=0.0)
     comp, counts, comp_len = _component_hashes(pc.utf8_lower(texts), cjk, spec, with_lengths=True)
-    n = len(counts)
-    starts = np.zeros(n + 1, dtype=np.int64)
+    starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
-    total_chars = np.bincount(np.repeat(np.arange(n), counts), weights=comp_len, minlength=n)
-    comp_doc = np.repeat(np.arange(n, dtype=np.int64), counts)
-    len_cum = np.concatenate([[0], np.cumsum(comp_len)])
-    out: dict[str, np.ndarray] = {}
-    # window hashes in O(1) each from prefix sums: with S[i] = sum_{k<i} c[k] P^-k (P is odd, so it
-    # has an inverse mod 2^64), the fold sum_{j<n} c[s+j] P^(n-1-j) = P^(s+n-1) (S[s+n] - S[s]).
-    N = len(comp)
-    with np.errstate(over="ignore"):
-        pow_p = np.cumprod(np.concatenate([[np.uint64(1)], np.full(N, FOLD, dtype=np.uint64)]))
-        pow_inv = np.cumprod(np.concatenate([[np.uint64(1)], np.full(N, FOLD_INV, dtype=np.uint64)]))
-        prefix = np.concatenate([[np.uint64(0)], np.cumsum(comp * pow_inv[:N], dtype=np.uint64)])
-    # Every occurrence of a repeated n-gram starts with a repeated (n-1)-gram, so each size only
-    # looks at the window starts whose previous-size window repeated: a few percent of the text by
-    # n = 5 in natural language, instead of all of it for every size.
-    doc_end = starts[1:]
-    src = np.repeat(starts[:-1], counts) + _ranges(counts)  # every component is a candidate start
-    win_doc = comp_doc
-    for size in TOP_NGRAMS + DUP_NGRAMS:
-        n_of = np.where(cjk, size * cjk_scale, size).astype(np.int64)
-        win_n = n_of[win_doc]
-        fits = src + win_n <= doc_end[win_doc]
-        src, win_doc, win_n = src[fits], win_doc[fits], win_n[fits]
-        score = np.zeros(n)
-        if len(src):
-            with np.errstate(over="ignore"):
-                h = pow_p[src + win_n - 1] * (prefix[src + win_n] - prefix[src])
-                h = fmix64(h ^ (win_doc.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
-            win_cnt, later = _occurrences(h.view(np.int64), win_doc)
-            repeated = win_cnt > 1
-            if size in TOP_NGRAMS:
-                # the most frequent n-gram of each document (ties: the longest), counted with its repeats
-                win_chars = len_cum[src + win_n] - len_cum[src]
-                value = np.where(repeated, win_cnt * win_chars, 0).astype(np.float64)
-                score = _max_per_doc(value, np.bincount(win_doc, minlength=n), n) / np.maximum(total_chars, 1)
-            else:
-                # mark every component covered by a later occurrence of a repeated window (the first
-                # occurrence is the original, as in Gopher), with a difference array over components
-                diff = (np.bincount(src[later], minlength=len(comp) + 1)
-                        - np.bincount(src[later] + win_n[later], minlength=len(comp) + 1))
-                covered = np.cumsum(diff[:-1]) > 0
-                score = np.bincount(comp_doc[covered], weights=comp_len[covered], minlength=n) / np.maximum(total_chars, 1)
-            src, win_doc = src[repeated], win_doc[repeated]
-        out[f"{'top' if size in TOP_NGRAMS else 'dup'}_{size}gram_share"] = np.minimum(score, 1.0)
-    return out
-
-
-def _occurrences(keys: np.ndarray, doc: np.ndarray, chunk: int = 1 << 19) -> tuple[np.ndarray, np.ndarray]:
-    """How often each key occurs, and whether an earlier position holds the same key (keys carry
-    their document and are in text order). Counted in runs of whole documents of about `chunk`
-    keys: a hash table that fits the cache is several times faster than one for everything."""
-    def count(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        codes, _ = pd.factorize(part, sort=False)  # codes are numbered in order of first appearance
-        first_seen = np.maximum.accumulate(np.concatenate([[-1], codes[:-1]])) if len(codes) else codes
-        return np.bincount(codes)[codes], codes <= first_seen
-
-    if len(keys) <= chunk:
-        return count(keys)
-    out = np.empty(len(keys), dtype=np.int64)
-    later = np.empty(len(keys), dtype=bool)
-    bounds = np.flatnonzero(np.diff(doc)) + 1  # where a new document starts (keys are in document order)
-    at = np.searchsorted(bounds, np.arange(chunk, len(keys), chunk))  # the first boundary past each multiple
-    cuts = np.unique(np.concatenate([[0], bounds[at[at < len(bounds)]], [len(keys)]]))
-    for lo, hi in zip(cuts[:-1], cuts[1:]):
-        out[lo:hi], later[lo:hi] = count(keys[lo:hi])
-    return out, later
-
-
-def _max_per_doc(values: np.ndarray, per_doc: np.ndarray, n: int) -> np.ndarray:
-    """Maximum of consecutive runs of `values` (per_doc[i] of them for document i); 0 for none."""
-    out = np.zeros(n)
-    has = np.flatnonzero(per_doc > 0)
-    if len(has):
-        starts = np.concatenate([[0], np.cumsum(per_doc)])[:-1]
-        out[has] = np.maximum.reduceat(values, starts[has])
-    return out
+    all_sizes = TOP_NGRAMS + DUP_NGRAMS
+    sizes = np.array(all_sizes, dtype=np.int64)
+    window = np.where(np.asarray(cjk, dtype=bool)[:, None], sizes * cjk_scale, sizes).astype(np.int64)
+    scores = quality_loops.ngram_repetition(comp, starts, np.ascontiguousarray(comp_len, dtype=np.float64),
+                                            np.ascontiguousarray(window), len(TOP_NGRAMS))
+    return {f"{'top' if size in TOP_NGRAMS else 'dup'}_{size}gram_share": scores[:, k] for k, size in enumerate(all_sizes)}
 
 
 # ---- stop words ----------------------------------------------------------------------------
@@ -279,9 +194,8 @@ def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks()
     texts = texts.cast(pa.string())
-    pylist = texts.to_pylist()
-    n = len(pylist)
-    s = _char_scores(pylist)
+    n = len(texts)
+    s = _char_scores(texts)
     zh = s["cjk_share"] >= cjk_share
     lines = _segment_stats(texts, r"\n", zh, short_line_chars, short_line_chars_cjk)
     paras = _segment_stats(texts, r"\n\s*\n", zh, None, None, terminal=True)
