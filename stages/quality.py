@@ -18,6 +18,7 @@ its n-gram sizes are scaled (a Chinese word is about two characters).
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Optional
 
 import numpy as np
@@ -45,6 +46,7 @@ SIMPLIFIED_ONLY = "们这个说来时国会对发为后学经与门开关见话�
 MOJIBAKE = ("锟斤拷", "烫烫烫", "屯屯屯", "Ã©", "Ã¨", "Ã¢", "â€™", "â€œ", "â€", "Â ")
 
 _TABLES: Optional[tuple[np.ndarray, np.ndarray]] = None
+CLASS_TABLES_VERSION = 1  # bump when _build_class_tables changes: the tables cached on disk are rebuilt
 
 
 def _class_tables() -> tuple[np.ndarray, np.ndarray]:
@@ -52,6 +54,33 @@ def _class_tables() -> tuple[np.ndarray, np.ndarray]:
     global _TABLES
     if _TABLES is not None:
         return _TABLES
+    import os
+    import unicodedata
+    from pathlib import Path
+
+    # 1.1M unicodedata calls take seconds in every process (each Dask worker): kept on disk beside
+    # the compiled loops' cache, keyed by the Unicode version and the definition's hash
+    key = hashlib.sha256((f"{CLASS_TABLES_VERSION}{TRADITIONAL_ONLY}{SIMPLIFIED_ONLY}").encode()).hexdigest()[:12]
+    cache = Path(__file__).resolve().parent / "__pycache__" / f"class-tables-{unicodedata.unidata_version}-{key}.npz"
+    try:
+        with np.load(cache) as z:
+            _TABLES = (z["cls"], z["ts"])
+        if len(_TABLES[0]) == 0x110000 and len(_TABLES[1]) == 0x110000:
+            return _TABLES
+    except (OSError, ValueError, KeyError):
+        pass
+    _TABLES = _build_class_tables()
+    try:  # a read-only install simply recomputes them per process
+        cache.parent.mkdir(exist_ok=True)
+        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, cls=_TABLES[0], ts=_TABLES[1])
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return _TABLES
+
+
+def _build_class_tables() -> tuple[np.ndarray, np.ndarray]:
     import unicodedata
 
     cls = np.full(0x110000, C_OTHER, dtype=np.uint8)
@@ -80,8 +109,7 @@ def _class_tables() -> tuple[np.ndarray, np.ndarray]:
     ts = np.zeros(0x110000, dtype=np.uint8)
     ts[[ord(c) for c in TRADITIONAL_ONLY]] = 1
     ts[[ord(c) for c in SIMPLIFIED_ONLY]] = 2
-    _TABLES = (cls, ts)
-    return _TABLES
+    return cls, ts
 
 
 def _code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
