@@ -216,6 +216,75 @@ EN_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
 ZH_STOP_CHARS = "的了是在不有和人这這之也而其以于於为為一无無与與中上大"
 
 
+WORD_CHARS = r"[^\s\p{Z}\p{P}\p{S}\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]+"  # a run of them is a word
+STOP_TRIM = ".,;:!?\"'()[]{}"
+_TEXT_TABLES: Optional[tuple[np.ndarray, np.ndarray]] = None
+
+
+def _text_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(flags, lowmap) per code point for `quality_loops.text_counts`, taken from the Arrow kernels
+    (RE2 classes, utf8_split_whitespace, utf8_lower) the scores were defined with, applied to every
+    code point once: the compiled loop then counts exactly what those kernels count. Cached on disk,
+    keyed by the pyarrow version."""
+    global _TEXT_TABLES
+    if _TEXT_TABLES is not None:
+        return _TEXT_TABLES
+    import os
+    from pathlib import Path
+
+    key = hashlib.sha256(f"{pa.__version__}{WORD_CHARS}{ZH_STOP_CHARS}{MOJIBAKE}".encode()).hexdigest()[:12]
+    cache = Path(__file__).resolve().parent / "__pycache__" / f"text-tables-{key}.npz"
+    try:
+        with np.load(cache) as z:
+            _TEXT_TABLES = (z["flags"], z["lowmap"])
+        if len(_TEXT_TABLES[0]) == 0x110000:
+            return _TEXT_TABLES
+    except (OSError, ValueError, KeyError):
+        pass
+    L = quality_loops
+    points = np.concatenate([np.arange(0xD800), np.arange(0xE000, 0x110000)])  # no surrogates in UTF-8
+    chars = pa.array([chr(c) for c in points.tolist()], pa.string())
+    flags = np.zeros(0x110000, dtype=np.uint8)
+
+    def mark(hit: pa.Array, flag: int) -> None:
+        flags[points[np.asarray(hit.to_numpy(zero_copy_only=False), dtype=bool)]] |= flag
+
+    wrapped = pc.binary_join_element_wise("a", chars, "b", "")  # a<c>b splits in two where c is a space
+    mark(pc.equal(pc.list_value_length(pc.utf8_split_whitespace(wrapped)), 2), L.WS)
+    mark(pc.equal(pc.count_substring_regex(chars, WORD_CHARS), 0), L.WORD_SEP)
+    mark(pc.match_substring_regex(chars, r"[\p{L}]"), L.LETTER)
+    mark(pc.is_in(chars, value_set=pa.array(list(ZH_STOP_CHARS))), L.ZH_STOP)
+    mark(pc.is_in(chars, value_set=pa.array(sorted({m[0] for m in MOJIBAKE}))), L.MOJIBAKE_START)
+    lowered = pc.utf8_lower(chars)
+    single_ascii = pc.and_(pc.equal(pc.binary_length(lowered), 1), pc.equal(pc.utf8_length(lowered), 1))
+    low = np.zeros(0x110000, dtype=np.uint8)
+    one = np.asarray(single_ascii.to_numpy(zero_copy_only=False), dtype=bool)
+    low[points[one]] = np.frombuffer(b"".join(v.encode() for v in lowered.filter(single_ascii).to_pylist()), np.uint8)
+    _TEXT_TABLES = (flags, low)
+    try:  # a read-only install simply recomputes them per process
+        cache.parent.mkdir(exist_ok=True)
+        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, flags=flags, lowmap=low)
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return _TEXT_TABLES
+
+
+def _text_counts(texts: pa.Array) -> np.ndarray:
+    """quality_loops.text_counts of a batch (one row per document)."""
+    flags, low = _text_tables()
+    trim = np.zeros(128, dtype=np.bool_)
+    trim[[ord(c) for c in STOP_TRIM]] = True
+    width = max(len(w) for w in EN_STOP_WORDS)
+    stop = np.zeros((len(EN_STOP_WORDS), width), dtype=np.uint8)
+    for k, w in enumerate(EN_STOP_WORDS):
+        stop[k, :len(w)] = np.frombuffer(w.encode(), np.uint8)
+    data, offsets = utf8_buffers(texts)
+    return quality_loops.text_counts(data, offsets, flags, low, trim, stop,
+                                     np.array([len(w) for w in EN_STOP_WORDS], dtype=np.int64))
+
+
 def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 2,
                 short_line_chars: int = 30, short_line_chars_cjk: int = 5) -> pd.DataFrame:
     """Every score of every document (one row per document, in order)."""
@@ -227,34 +296,26 @@ def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 
     zh = s["cjk_share"] >= cjk_share
     lines = _segment_stats(texts, r"\n", zh, short_line_chars, short_line_chars_cjk)
     paras = _segment_stats(texts, r"\n\s*\n", zh, None, None, terminal=True)
-    words_lists = pc.utf8_split_whitespace(texts)
-    w_off = words_lists.offsets.to_numpy()
-    w_flat = pc.list_flatten(words_lists)
-    w_doc = np.repeat(np.arange(n, dtype=np.int64), np.diff(w_off - w_off[0]))
-    w_len = pc.utf8_length(w_flat).to_numpy(zero_copy_only=False).astype(np.int64)
-    has_alpha = pc.match_substring_regex(w_flat, r"[\p{L}]").to_numpy(zero_copy_only=False)
-    latin_words = pc.count_substring_regex(texts, r"[^\s\p{Z}\p{P}\p{S}\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]+")
-    latin_words = latin_words.to_numpy(zero_copy_only=False).astype(np.int64)
-    ws_words = np.bincount(w_doc, minlength=n)
-    lower = pc.utf8_lower(w_flat)
-    stop = pc.is_in(pc.utf8_trim(lower, characters=".,;:!?\"'()[]{}"), value_set=pa.array(EN_STOP_WORDS))
-    stop = stop.to_numpy(zero_copy_only=False)
-    zh_stop = pc.count_substring_regex(texts, f"[{ZH_STOP_CHARS}]").to_numpy(zero_copy_only=False)
-    symbols = (pc.count_substring(texts, "#").to_numpy(zero_copy_only=False)
-               + pc.count_substring_regex(texts, r"\.\.\.|…").to_numpy(zero_copy_only=False))
+    tc = _text_counts(texts)  # words, stop words, symbols, mojibake candidates: one compiled pass
+    latin_words, zh_stop, symbols = tc[:, 0], tc[:, 1], tc[:, 2] + tc[:, 3]
+    ws_words, ws_word_chars, alpha_words, en_stop = tc[:, 5], tc[:, 6], tc[:, 7], tc[:, 8]
     lorem = pc.match_substring(texts, "lorem ipsum", ignore_case=True).to_numpy(zero_copy_only=False)
-    mojibake = sum(pc.count_substring(texts, m).to_numpy(zero_copy_only=False) for m in MOJIBAKE)
+    mojibake = np.zeros(n, dtype=np.int64)
+    suspect = np.flatnonzero(tc[:, 4])  # texts holding the first character of a mojibake string
+    if len(suspect):
+        sub = texts.take(pa.array(suspect))
+        mojibake[suspect] = sum(pc.count_substring(sub, m).to_numpy(zero_copy_only=False).astype(np.int64) for m in MOJIBAKE)
     words = latin_words + s["cjk_chars"]
     line_n = np.maximum(lines["segments"], 1)
     df = pd.DataFrame({
         "lang": np.where(zh, "zh", np.where(s["script_latin"] >= 0.5, "en", "other")),
         "chars": s["chars"], "nonspace_chars": s["nonspace_chars"], "cjk_chars": s["cjk_chars"],
         "words": words,
-        "mean_word_length": np.bincount(w_doc, weights=w_len, minlength=n) / np.maximum(ws_words, 1),
+        "mean_word_length": ws_word_chars.astype(np.float64) / np.maximum(ws_words, 1),
         "symbol_word_ratio": symbols / np.maximum(words, 1),
         "alpha_word_share": np.where(zh, s["letters"] / np.maximum(s["nonspace_chars"], 1),
-                                     np.bincount(w_doc[has_alpha], minlength=n) / np.maximum(ws_words, 1)),
-        "stop_words": np.where(zh, zh_stop, np.bincount(w_doc[stop], minlength=n)),
+                                     alpha_words / np.maximum(ws_words, 1)),
+        "stop_words": np.where(zh, zh_stop, en_stop),
         "lines": lines["segments"],
         "bullet_line_share": lines["bullet_lines"] / line_n,
         "ellipsis_line_share": lines["ellipsis_lines"] / line_n,

@@ -201,3 +201,120 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
                     k += 1
             n_cand = k
     return out
+
+
+# flags of the per-code-point table `text_counts` reads (quality._text_tables derives them from Arrow/RE2)
+WS, WORD_SEP, LETTER, ZH_STOP, MOJIBAKE_START = 1, 2, 4, 8, 16
+
+
+@nb.njit(cache=True, nogil=True)
+def text_counts(data: np.ndarray, offsets: np.ndarray, flags: np.ndarray, lowmap: np.ndarray, trim: np.ndarray,
+                stop_words: np.ndarray, stop_len: np.ndarray) -> np.ndarray:
+    """Per document (rows) the counts score_texts took from Arrow kernels, in one pass over the UTF-8:
+    0 runs of word characters (not WORD_SEP), 1 ZH_STOP characters, 2 '#', 3 ellipses ('...' or '…',
+    non-overlapping), 4 whether a MOJIBAKE_START character occurs, and over the tokens of Arrow's
+    utf8_split_whitespace (a run of WS characters separates; a run of two or more at the very end
+    also leaves one more empty token): 5 tokens, 6 their characters, 7 tokens holding a LETTER,
+    8 tokens that are a stop word once lowercased (`lowmap`: the ASCII a character lowercases to, 0
+    for anything else) and trimmed of `trim` characters at both ends."""
+    n = len(offsets) - 1
+    out = np.zeros((n, 9), dtype=np.int64)
+    longest = 0
+    for d in range(n):
+        longest = max(longest, offsets[d + 1] - offsets[d])
+    buf = np.empty(longest + 1, dtype=np.uint8)
+    for d in range(n):
+        i, end = offsets[d], offsets[d + 1]
+        in_word = False
+        dots = 0
+        ws_run = 0
+        tokens = 1
+        tok_len = 0  # characters of the current token; buf holds its lowercased ASCII (0: not ASCII)
+        tok_alpha = False
+        while True:
+            if i < end:
+                c = np.int64(data[i])
+                if c < 0x80:
+                    i += 1
+                elif c < 0xE0:
+                    c = ((c & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
+                    i += 2
+                elif c < 0xF0:
+                    c = ((c & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
+                    i += 3
+                else:
+                    c = (((c & 0x07) << 18) | ((np.int64(data[i + 1]) & 0x3F) << 12)
+                         | ((np.int64(data[i + 2]) & 0x3F) << 6) | (np.int64(data[i + 3]) & 0x3F))
+                    i += 4
+                f = flags[c]
+            else:
+                c = -1
+                f = WS  # the end closes the last token
+            if c >= 0:
+                if f & WORD_SEP:
+                    in_word = False
+                elif not in_word:
+                    in_word = True
+                    out[d, 0] += 1
+                if f & ZH_STOP:
+                    out[d, 1] += 1
+                if f & MOJIBAKE_START:
+                    out[d, 4] = 1
+                if c == 0x23:
+                    out[d, 2] += 1
+                if c == 0x2E:
+                    dots += 1
+                    if dots == 3:
+                        out[d, 3] += 1
+                        dots = 0
+                else:
+                    dots = 0
+                    if c == 0x2026:
+                        out[d, 3] += 1
+            if f & WS:
+                if tok_len > 0:  # a token ends
+                    out[d, 6] += tok_len
+                    if tok_alpha:
+                        out[d, 7] += 1
+                    if _is_stop(buf, tok_len, trim, stop_words, stop_len):
+                        out[d, 8] += 1
+                    tok_len = 0
+                    tok_alpha = False
+                if c < 0:
+                    break
+                if ws_run == 0:
+                    tokens += 1
+                ws_run += 1
+            else:
+                if ws_run > 0:
+                    ws_run = 0
+                buf[tok_len] = lowmap[c]
+                tok_len += 1
+                if f & LETTER:
+                    tok_alpha = True
+        # a whitespace run reaching the end (ws_run counts it) of two or more leaves one more empty token
+        if ws_run >= 2:
+            tokens += 1
+        out[d, 5] = tokens
+    return out
+
+
+@nb.njit(inline="always")
+def _is_stop(buf, length, trim, stop_words, stop_len):
+    lo, hi = 0, length
+    while lo < hi and buf[lo] != 0 and trim[buf[lo]]:
+        lo += 1
+    while hi > lo and buf[hi - 1] != 0 and trim[buf[hi - 1]]:
+        hi -= 1
+    size = hi - lo
+    for k in range(len(stop_len)):
+        if stop_len[k] != size:
+            continue
+        same = True
+        for q in range(size):
+            if buf[lo + q] != stop_words[k, q]:
+                same = False
+                break
+        if same:
+            return True
+    return False
