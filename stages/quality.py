@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import quality_loops
-from .shingles import ShingleSpec, _component_hashes, utf8_buffers
+from .shingles import PUNCT, ShingleSpec, _component_hashes, utf8_buffers
 
 SCORES_VERSION = 3  # bump when a score's definition changes: stored scores of another version are recomputed
 
@@ -195,12 +195,56 @@ TOP_NGRAMS = (2, 3, 4)
 DUP_NGRAMS = (5, 6, 7, 8, 9, 10)
 
 
+def _gopher_components(lowered: pa.Array, cjk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`shingles._component_hashes(..., with_lengths=True)` of lowercased texts with punctuation
+    stripped: words (maximal runs of characters that are neither whitespace nor punctuation or
+    symbols, cut by the compiled `split_words` instead of a regex replace and a split) hashed with
+    xxh3 once per distinct word, CJK characters as the shingler hashes them."""
+    import xxhash
+
+    n = len(lowered)
+    counts = np.zeros(n, dtype=np.int64)
+    word_idx = np.flatnonzero(~cjk)
+    cjk_idx = np.flatnonzero(cjk)
+    starts_all = None
+    parts = []
+    if len(word_idx):
+        flags, _ = _text_tables()
+        sep = (flags & (quality_loops.WS | quality_loops.PUNCT)) > 0
+        data, offsets = utf8_buffers(lowered)
+        buf, word_off, word_len, per_doc = quality_loops.split_words(data, offsets, word_idx, sep)
+        words = pa.LargeStringArray.from_buffers(len(word_len), pa.py_buffer(word_off), pa.py_buffer(buf))
+        encoded = pc.dictionary_encode(words)
+        uniques = encoded.dictionary.to_pylist()
+        table = np.fromiter((xxhash.xxh3_64_intdigest(w.encode("utf-8")) for w in uniques), dtype=np.uint64, count=len(uniques))
+        hashes = table[encoded.indices.to_numpy(zero_copy_only=False)] if len(uniques) else np.empty(0, np.uint64)
+        counts[word_idx] = per_doc
+        parts.append((word_idx, hashes, word_len.astype(np.float64)))
+    if len(cjk_idx):
+        sub = lowered if len(cjk_idx) == n else lowered.take(pa.array(cjk_idx))
+        spec = ShingleSpec(lowercase=True, strip_punctuation=True, cjk_share=0.0)
+        comp, sub_counts, comp_len = _component_hashes(sub, np.ones(len(cjk_idx), dtype=bool), spec, with_lengths=True)
+        counts[cjk_idx] = sub_counts
+        parts.append((cjk_idx, comp, comp_len))
+    starts_all = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts_all[1:])
+    flat = np.empty(starts_all[-1], dtype=np.uint64)
+    lengths = np.empty(starts_all[-1], dtype=np.float64)
+    for idx, hashes, lens in parts:  # interleave the two groups back into document order
+        sub_counts = counts[idx]
+        sub_starts = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(sub_counts, out=sub_starts[1:])
+        dest = np.repeat(starts_all[idx] - sub_starts[:-1], sub_counts) + np.arange(sub_starts[-1])
+        flat[dest] = hashes
+        lengths[dest] = lens
+    return flat, counts, lengths
+
+
 def _ngram_scores(texts: pa.Array, cjk: np.ndarray, cjk_scale: int) -> dict[str, np.ndarray]:
     """Gopher's repetition scores over components (lowercased words without punctuation, or CJK
     characters): top_N = share of component characters in the most frequent N-gram (times its
     count), dup_N = share of component characters covered by N-grams that occur more than once."""
-    spec = ShingleSpec(lowercase=True, strip_punctuation=True, cjk_share=0.0)
-    comp, counts, comp_len = _component_hashes(pc.utf8_lower(texts), cjk, spec, with_lengths=True)
+    comp, counts, comp_len = _gopher_components(pc.utf8_lower(texts), np.asarray(cjk, dtype=bool))
     starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     all_sizes = TOP_NGRAMS + DUP_NGRAMS
@@ -232,7 +276,7 @@ def _text_tables() -> tuple[np.ndarray, np.ndarray]:
     import os
     from pathlib import Path
 
-    key = hashlib.sha256(f"{pa.__version__}{WORD_CHARS}{ZH_STOP_CHARS}{MOJIBAKE}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{pa.__version__}{WORD_CHARS}{ZH_STOP_CHARS}{MOJIBAKE}{PUNCT}".encode()).hexdigest()[:12]
     cache = Path(__file__).resolve().parent / "__pycache__" / f"text-tables-{key}.npz"
     try:
         with np.load(cache) as z:
@@ -255,6 +299,7 @@ def _text_tables() -> tuple[np.ndarray, np.ndarray]:
     mark(pc.match_substring_regex(chars, r"[\p{L}]"), L.LETTER)
     mark(pc.is_in(chars, value_set=pa.array(list(ZH_STOP_CHARS))), L.ZH_STOP)
     mark(pc.is_in(chars, value_set=pa.array(sorted({m[0] for m in MOJIBAKE}))), L.MOJIBAKE_START)
+    mark(pc.match_substring_regex(chars, PUNCT), L.PUNCT)
     lowered = pc.utf8_lower(chars)
     single_ascii = pc.and_(pc.equal(pc.binary_length(lowered), 1), pc.equal(pc.utf8_length(lowered), 1))
     low = np.zeros(0x110000, dtype=np.uint8)

@@ -204,7 +204,7 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
 
 
 # flags of the per-code-point table `text_counts` reads (quality._text_tables derives them from Arrow/RE2)
-WS, WORD_SEP, LETTER, ZH_STOP, MOJIBAKE_START = 1, 2, 4, 8, 16
+WS, WORD_SEP, LETTER, ZH_STOP, MOJIBAKE_START, PUNCT = 1, 2, 4, 8, 16, 32
 
 
 @nb.njit(cache=True, nogil=True)
@@ -318,3 +318,55 @@ def _is_stop(buf, length, trim, stop_words, stop_len):
         if same:
             return True
     return False
+
+
+@nb.njit(cache=True, nogil=True)
+def split_words(data: np.ndarray, offsets: np.ndarray, docs: np.ndarray, sep: np.ndarray) -> tuple:
+    """The words of documents `docs`: maximal runs of characters that are not `sep` (whitespace,
+    punctuation and symbols), as a new UTF-8 buffer with int64 word offsets, each word's length in
+    characters, and the word count per document."""
+    total = 0
+    for d in docs:
+        total += offsets[d + 1] - offsets[d]
+    out = np.empty(max(total, 1), dtype=np.uint8)
+    word_off = np.zeros(total + 1, dtype=np.int64)
+    word_len = np.zeros(total, dtype=np.int64)
+    counts = np.zeros(len(docs), dtype=np.int64)
+    k = 0  # bytes written
+    w = 0  # words
+    for j in range(len(docs)):
+        d = docs[j]
+        i, end = offsets[d], offsets[d + 1]
+        in_word = False
+        while i < end:
+            start = i
+            c = np.int64(data[i])
+            if c < 0x80:
+                i += 1
+            elif c < 0xE0:
+                c = ((c & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
+                i += 2
+            elif c < 0xF0:
+                c = ((c & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
+                i += 3
+            else:
+                c = (((c & 0x07) << 18) | ((np.int64(data[i + 1]) & 0x3F) << 12)
+                     | ((np.int64(data[i + 2]) & 0x3F) << 6) | (np.int64(data[i + 3]) & 0x3F))
+                i += 4
+            if sep[c]:
+                if in_word:
+                    w += 1
+                    word_off[w] = k
+                    in_word = False
+                continue
+            if not in_word:
+                in_word = True
+                counts[j] += 1
+            for b in range(start, i):
+                out[k] = data[b]
+                k += 1
+            word_len[w] += 1
+        if in_word:
+            w += 1
+            word_off[w] = k
+    return out[:max(k, 1)], word_off[:w + 1], word_len[:w], counts
