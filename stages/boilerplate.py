@@ -1,9 +1,10 @@
 """Line-level boilerplate: lines that recur in many documents of the same source (page headers,
 licence banners, navigation), found by counting line hashes across the whole corpus.
 
-`count_lines_part` emits, per partition, how many documents of each source contain each line (a
-line counts once per document); the runner sums these over the corpus with a Dask groupby and keeps
-the lines seen in at least `min_docs` documents and `min_doc_share` of their source's documents.
+`count_lines_buckets` emits, per partition, how many documents of each source contain each line (a
+line counts once per document) as int64 arrays split by line hash into buckets; one task per bucket
+sums them over the corpus (`sum_line_counts`, no string shuffle) and the filter step keeps the lines
+seen in at least `min_docs` documents and `min_doc_share` of their source's documents.
 `strip_lines` removes them from documents, counting what it removed per source.
 """
 from __future__ import annotations
@@ -74,10 +75,10 @@ def _hash_lines(lines: pa.Array) -> np.ndarray:
     return table[encoded.indices.to_numpy(zero_copy_only=False)] if len(uniques) else np.empty(0, np.int64)
 
 
-def count_lines_part(path: str, min_width: int) -> pd.DataFrame:
-    """(source, hash, docs) for one partition: in how many documents of each source each line
-    appears; plus, per source, its document count as a row with hash 0 and docs = -count. Vectorised
-    with Arrow: lines split, trimmed and measured as arrays; only distinct lines are hashed in Python."""
+def _count_part(path: str, min_width: int) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(source names, documents per source, and per (source, line) pair: source index, line hash,
+    documents holding it) for one partition. Vectorised with Arrow: lines split, trimmed and measured
+    as arrays; only distinct lines are hashed in Python."""
     table = pq.read_table(path, columns=["text", "source"])
     sources = pc.fill_null(table.column("source").combine_chunks().cast(pa.string()), "")
     src_codes = pc.dictionary_encode(sources)
@@ -92,13 +93,57 @@ def count_lines_part(path: str, min_width: int) -> pd.DataFrame:
     pairs = pd.DataFrame({"doc": lines.doc[keep], "hash": hashes}).drop_duplicates()  # hash-based, not a sort
     keyed = pd.DataFrame({"src": doc_src[pairs["doc"].to_numpy()], "hash": pairs["hash"].to_numpy()})
     counted = keyed.groupby(["src", "hash"], sort=False).size().reset_index(name="docs")
+    return (src_names, per_source, counted["src"].to_numpy(np.int64), counted["hash"].to_numpy(np.int64),
+            counted["docs"].to_numpy(np.int64))
+
+
+def count_lines_part(path: str, min_width: int) -> pd.DataFrame:
+    """(source, hash, docs) for one partition: in how many documents of each source each line
+    appears; plus, per source, its document count as a row with hash 0 and docs = -count."""
+    src_names, per_source, src, hashes, docs = _count_part(path, min_width)
     names = np.array(src_names, dtype=object)
     return pd.DataFrame({
-        "source": pd.Series(np.concatenate([names[counted["src"].to_numpy()], names[np.flatnonzero(per_source)]]),
-                            dtype="string"),
-        "hash": np.concatenate([counted["hash"].to_numpy(np.int64), np.zeros(int((per_source > 0).sum()), np.int64)]),
-        "docs": np.concatenate([counted["docs"].to_numpy(np.int64), -per_source[per_source > 0]]),
+        "source": pd.Series(np.concatenate([names[src], names[np.flatnonzero(per_source)]]), dtype="string"),
+        "hash": np.concatenate([hashes, np.zeros(int((per_source > 0).sum()), np.int64)]),
+        "docs": np.concatenate([docs, -per_source[per_source > 0]]),
     })
+
+
+def source_key(name: str) -> int:
+    """A signed 64-bit key for a source name: the line counts travel between tasks as int64 arrays."""
+    return xxhash.xxh3_64_intdigest(name.encode("utf-8")) - _SIGN
+
+
+def count_lines_buckets(path: str, min_width: int, buckets: int) -> tuple:
+    """`count_lines_part` as int64 arrays split by line hash into `buckets` groups (a hashed
+    partitioning, so each group can be summed over the corpus by its own task without a string
+    shuffle): ({source key: [name, documents]}, then one (k, 3) array [source key, hash, docs] per
+    bucket)."""
+    src_names, per_source, src, hashes, docs = _count_part(path, min_width)
+    keys = np.array([source_key(s) for s in src_names], dtype=np.int64)
+    sources = {int(k): [s, int(c)] for k, s, c in zip(keys, src_names, per_source.tolist()) if c > 0}
+    rows = np.column_stack([keys[src] if len(src) else np.zeros(0, np.int64), hashes, docs]).astype(np.int64)
+    bucket = (hashes.view(np.uint64) % np.uint64(buckets)).astype(np.int64)
+    order = np.argsort(bucket, kind="stable")
+    cuts = np.searchsorted(bucket[order], np.arange(buckets + 1))
+    return (sources, *(rows[order[cuts[b]:cuts[b + 1]]] for b in range(buckets)))
+
+
+def sum_line_counts(chunks: list[np.ndarray], min_docs: int) -> np.ndarray:
+    """One bucket's (source key, hash, docs) rows of every part summed per (source, line); only the
+    lines in at least `min_docs` documents are returned (the driver sees the frequent ones alone)."""
+    rows = np.concatenate([c for c in chunks if len(c)]) if any(len(c) for c in chunks) else np.zeros((0, 3), np.int64)
+    if not len(rows):
+        return rows
+    order = np.lexsort((rows[:, 1], rows[:, 0]))
+    rows = rows[order]
+    start = np.ones(len(rows), dtype=bool)
+    start[1:] = (rows[1:, 0] != rows[:-1, 0]) | (rows[1:, 1] != rows[:-1, 1])
+    at = np.flatnonzero(start)
+    total = np.add.reduceat(rows[:, 2], at)
+    out = rows[at]
+    out[:, 2] = total
+    return out[total >= min_docs]
 
 
 def strip_lines(texts: list[str], sources: list[str], drop: dict[str, set[int]],

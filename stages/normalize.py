@@ -149,6 +149,8 @@ def normalize_batch(df: pd.DataFrame, chinese_convert: Optional[str] = None, **o
     """Normalise the `text` column (options as in `normalize_array`), then convert Chinese script
     when `chinese_convert` names an OpenCC conversion; nothing is removed here."""
     before = pa.array(df["text"], type=pa.string())
+    if isinstance(before, pa.ChunkedArray):  # a part of several row groups: the masks below need one array
+        before = before.combine_chunks()
     after = normalize_array(before, **options)
     converted = 0
     if chinese_convert:

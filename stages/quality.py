@@ -18,6 +18,7 @@ its n-gram sizes are scaled (a Chinese word is about two characters).
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Optional
 
 import numpy as np
@@ -25,7 +26,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .shingles import ShingleSpec, _component_hashes, _ranges, fmix64
+from . import quality_loops
+from .shingles import PUNCT, ShingleSpec, _component_hashes, utf8_buffers
 
 SCORES_VERSION = 3  # bump when a score's definition changes: stored scores of another version are recomputed
 
@@ -44,6 +46,7 @@ SIMPLIFIED_ONLY = "们这个说来时国会对发为后学经与门开关见话�
 MOJIBAKE = ("锟斤拷", "烫烫烫", "屯屯屯", "Ã©", "Ã¨", "Ã¢", "â€™", "â€œ", "â€", "Â ")
 
 _TABLES: Optional[tuple[np.ndarray, np.ndarray]] = None
+CLASS_TABLES_VERSION = 1  # bump when _build_class_tables changes: the tables cached on disk are rebuilt
 
 
 def _class_tables() -> tuple[np.ndarray, np.ndarray]:
@@ -51,6 +54,33 @@ def _class_tables() -> tuple[np.ndarray, np.ndarray]:
     global _TABLES
     if _TABLES is not None:
         return _TABLES
+    import os
+    import unicodedata
+    from pathlib import Path
+
+    # 1.1M unicodedata calls take seconds in every process (each Dask worker): kept on disk beside
+    # the compiled loops' cache, keyed by the Unicode version and the definition's hash
+    key = hashlib.sha256((f"{CLASS_TABLES_VERSION}{TRADITIONAL_ONLY}{SIMPLIFIED_ONLY}").encode()).hexdigest()[:12]
+    cache = Path(__file__).resolve().parent / "__pycache__" / f"class-tables-{unicodedata.unidata_version}-{key}.npz"
+    try:
+        with np.load(cache) as z:
+            _TABLES = (z["cls"], z["ts"])
+        if len(_TABLES[0]) == 0x110000 and len(_TABLES[1]) == 0x110000:
+            return _TABLES
+    except (OSError, ValueError, KeyError):
+        pass
+    _TABLES = _build_class_tables()
+    try:  # a read-only install simply recomputes them per process
+        cache.parent.mkdir(exist_ok=True)
+        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, cls=_TABLES[0], ts=_TABLES[1])
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return _TABLES
+
+
+def _build_class_tables() -> tuple[np.ndarray, np.ndarray]:
     import unicodedata
 
     cls = np.full(0x110000, C_OTHER, dtype=np.uint8)
@@ -79,8 +109,7 @@ def _class_tables() -> tuple[np.ndarray, np.ndarray]:
     ts = np.zeros(0x110000, dtype=np.uint8)
     ts[[ord(c) for c in TRADITIONAL_ONLY]] = 1
     ts[[ord(c) for c in SIMPLIFIED_ONLY]] = 2
-    _TABLES = (cls, ts)
-    return _TABLES
+    return cls, ts
 
 
 def _code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -90,25 +119,11 @@ def _code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return points, doc_of
 
 
-def _char_scores(texts: list[str]) -> dict[str, np.ndarray]:
+def _char_scores(texts: pa.Array) -> dict[str, np.ndarray]:
     cls_table, ts_table = _class_tables()
-    n = len(texts)
-    points, doc_of = _code_points(texts)
-    cls = cls_table[points]
-    counts = np.bincount(doc_of * N_CLASSES + cls, minlength=n * N_CLASSES).reshape(n, N_CLASSES)
-    ts = ts_table[points]
-    trad = np.bincount(doc_of[ts == 1], minlength=n)
-    simp = np.bincount(doc_of[ts == 2], minlength=n)
-    # longest run of one repeated letter
-    is_letter = (cls >= C_HAN) & (cls <= C_OTHER_LETTER)
-    same = np.zeros(len(points), dtype=bool)
-    if len(points) > 1:
-        same[1:] = (points[1:] == points[:-1]) & (doc_of[1:] == doc_of[:-1]) & is_letter[1:]
-    run_id = np.cumsum(~same) - 1
-    run_len = np.bincount(run_id) if len(points) else np.zeros(0, np.int64)
-    run_doc = doc_of[~same] if len(points) else np.zeros(0, np.int64)
-    runs_per_doc = np.bincount(run_doc, minlength=n)  # runs are in document order
-    max_run = _max_per_doc((run_len * is_letter[~same]).astype(np.float64), runs_per_doc, n).astype(np.int64)
+    data, offsets = utf8_buffers(texts)
+    counts, trad, simp, max_run = quality_loops.char_classes(data, offsets, cls_table, ts_table, N_CLASSES,
+                                                             C_HAN, C_OTHER_LETTER)
     letters = counts[:, C_HAN:C_OTHER_LETTER + 1].sum(axis=1)
     cjk = counts[:, C_HAN] + counts[:, C_KANA] + counts[:, C_HANGUL]
     chars = counts.sum(axis=1)
@@ -177,100 +192,142 @@ def _segment_stats(texts: pa.Array, pattern: str, cjk_doc: np.ndarray, short_cha
 
 # ---- n-gram repetition (Gopher) ----------------------------------------------------------------
 TOP_NGRAMS = (2, 3, 4)
-FOLD = np.uint64(0x100000001B3)
-FOLD_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
 DUP_NGRAMS = (5, 6, 7, 8, 9, 10)
+
+
+def _gopher_components(lowered: pa.Array, cjk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`shingles._component_hashes(..., with_lengths=True)` of lowercased texts with punctuation
+    stripped: words (maximal runs of characters that are neither whitespace nor punctuation or
+    symbols, cut by the compiled `split_words` instead of a regex replace and a split) hashed with
+    xxh3 once per distinct word, CJK characters as the shingler hashes them."""
+    import xxhash
+
+    n = len(lowered)
+    counts = np.zeros(n, dtype=np.int64)
+    word_idx = np.flatnonzero(~cjk)
+    cjk_idx = np.flatnonzero(cjk)
+    starts_all = None
+    parts = []
+    if len(word_idx):
+        flags, _ = _text_tables()
+        sep = (flags & (quality_loops.WS | quality_loops.PUNCT)) > 0
+        data, offsets = utf8_buffers(lowered)
+        buf, word_off, word_len, per_doc = quality_loops.split_words(data, offsets, word_idx, sep)
+        words = pa.LargeStringArray.from_buffers(len(word_len), pa.py_buffer(word_off), pa.py_buffer(buf))
+        encoded = pc.dictionary_encode(words)
+        uniques = encoded.dictionary.to_pylist()
+        table = np.fromiter((xxhash.xxh3_64_intdigest(w.encode("utf-8")) for w in uniques), dtype=np.uint64, count=len(uniques))
+        hashes = table[encoded.indices.to_numpy(zero_copy_only=False)] if len(uniques) else np.empty(0, np.uint64)
+        counts[word_idx] = per_doc
+        parts.append((word_idx, hashes, word_len.astype(np.float64)))
+    if len(cjk_idx):
+        sub = lowered if len(cjk_idx) == n else lowered.take(pa.array(cjk_idx))
+        spec = ShingleSpec(lowercase=True, strip_punctuation=True, cjk_share=0.0)
+        comp, sub_counts, comp_len = _component_hashes(sub, np.ones(len(cjk_idx), dtype=bool), spec, with_lengths=True)
+        counts[cjk_idx] = sub_counts
+        parts.append((cjk_idx, comp, comp_len))
+    starts_all = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts_all[1:])
+    flat = np.empty(starts_all[-1], dtype=np.uint64)
+    lengths = np.empty(starts_all[-1], dtype=np.float64)
+    for idx, hashes, lens in parts:  # interleave the two groups back into document order
+        sub_counts = counts[idx]
+        sub_starts = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(sub_counts, out=sub_starts[1:])
+        dest = np.repeat(starts_all[idx] - sub_starts[:-1], sub_counts) + np.arange(sub_starts[-1])
+        flat[dest] = hashes
+        lengths[dest] = lens
+    return flat, counts, lengths
 
 
 def _ngram_scores(texts: pa.Array, cjk: np.ndarray, cjk_scale: int) -> dict[str, np.ndarray]:
     """Gopher's repetition scores over components (lowercased words without punctuation, or CJK
     characters): top_N = share of component characters in the most frequent N-gram (times its
     count), dup_N = share of component characters covered by N-grams that occur more than once."""
-    spec = ShingleSpec(lowercase=True, strip_punctuation=True, cjk_share=0.0)
-    comp, counts, comp_len = _component_hashes(pc.utf8_lower(texts), cjk, spec, with_lengths=True)
-    n = len(counts)
-    starts = np.zeros(n + 1, dtype=np.int64)
+    comp, counts, comp_len = _gopher_components(pc.utf8_lower(texts), np.asarray(cjk, dtype=bool))
+    starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
-    total_chars = np.bincount(np.repeat(np.arange(n), counts), weights=comp_len, minlength=n)
-    comp_doc = np.repeat(np.arange(n, dtype=np.int64), counts)
-    len_cum = np.concatenate([[0], np.cumsum(comp_len)])
-    out: dict[str, np.ndarray] = {}
-    # window hashes in O(1) each from prefix sums: with S[i] = sum_{k<i} c[k] P^-k (P is odd, so it
-    # has an inverse mod 2^64), the fold sum_{j<n} c[s+j] P^(n-1-j) = P^(s+n-1) (S[s+n] - S[s]).
-    N = len(comp)
-    with np.errstate(over="ignore"):
-        pow_p = np.cumprod(np.concatenate([[np.uint64(1)], np.full(N, FOLD, dtype=np.uint64)]))
-        pow_inv = np.cumprod(np.concatenate([[np.uint64(1)], np.full(N, FOLD_INV, dtype=np.uint64)]))
-        prefix = np.concatenate([[np.uint64(0)], np.cumsum(comp * pow_inv[:N], dtype=np.uint64)])
-    # Every occurrence of a repeated n-gram starts with a repeated (n-1)-gram, so each size only
-    # looks at the window starts whose previous-size window repeated: a few percent of the text by
-    # n = 5 in natural language, instead of all of it for every size.
-    doc_end = starts[1:]
-    src = np.repeat(starts[:-1], counts) + _ranges(counts)  # every component is a candidate start
-    win_doc = comp_doc
-    for size in TOP_NGRAMS + DUP_NGRAMS:
-        n_of = np.where(cjk, size * cjk_scale, size).astype(np.int64)
-        win_n = n_of[win_doc]
-        fits = src + win_n <= doc_end[win_doc]
-        src, win_doc, win_n = src[fits], win_doc[fits], win_n[fits]
-        score = np.zeros(n)
-        if len(src):
-            with np.errstate(over="ignore"):
-                h = pow_p[src + win_n - 1] * (prefix[src + win_n] - prefix[src])
-                h = fmix64(h ^ (win_doc.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
-            win_cnt, later = _occurrences(h.view(np.int64), win_doc)
-            repeated = win_cnt > 1
-            if size in TOP_NGRAMS:
-                # the most frequent n-gram of each document (ties: the longest), counted with its repeats
-                win_chars = len_cum[src + win_n] - len_cum[src]
-                value = np.where(repeated, win_cnt * win_chars, 0).astype(np.float64)
-                score = _max_per_doc(value, np.bincount(win_doc, minlength=n), n) / np.maximum(total_chars, 1)
-            else:
-                # mark every component covered by a later occurrence of a repeated window (the first
-                # occurrence is the original, as in Gopher), with a difference array over components
-                diff = (np.bincount(src[later], minlength=len(comp) + 1)
-                        - np.bincount(src[later] + win_n[later], minlength=len(comp) + 1))
-                covered = np.cumsum(diff[:-1]) > 0
-                score = np.bincount(comp_doc[covered], weights=comp_len[covered], minlength=n) / np.maximum(total_chars, 1)
-            src, win_doc = src[repeated], win_doc[repeated]
-        out[f"{'top' if size in TOP_NGRAMS else 'dup'}_{size}gram_share"] = np.minimum(score, 1.0)
-    return out
-
-
-def _occurrences(keys: np.ndarray, doc: np.ndarray, chunk: int = 1 << 19) -> tuple[np.ndarray, np.ndarray]:
-    """How often each key occurs, and whether an earlier position holds the same key (keys carry
-    their document and are in text order). Counted in runs of whole documents of about `chunk`
-    keys: a hash table that fits the cache is several times faster than one for everything."""
-    def count(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        codes, _ = pd.factorize(part, sort=False)  # codes are numbered in order of first appearance
-        first_seen = np.maximum.accumulate(np.concatenate([[-1], codes[:-1]])) if len(codes) else codes
-        return np.bincount(codes)[codes], codes <= first_seen
-
-    if len(keys) <= chunk:
-        return count(keys)
-    out = np.empty(len(keys), dtype=np.int64)
-    later = np.empty(len(keys), dtype=bool)
-    bounds = np.flatnonzero(np.diff(doc)) + 1  # where a new document starts (keys are in document order)
-    at = np.searchsorted(bounds, np.arange(chunk, len(keys), chunk))  # the first boundary past each multiple
-    cuts = np.unique(np.concatenate([[0], bounds[at[at < len(bounds)]], [len(keys)]]))
-    for lo, hi in zip(cuts[:-1], cuts[1:]):
-        out[lo:hi], later[lo:hi] = count(keys[lo:hi])
-    return out, later
-
-
-def _max_per_doc(values: np.ndarray, per_doc: np.ndarray, n: int) -> np.ndarray:
-    """Maximum of consecutive runs of `values` (per_doc[i] of them for document i); 0 for none."""
-    out = np.zeros(n)
-    has = np.flatnonzero(per_doc > 0)
-    if len(has):
-        starts = np.concatenate([[0], np.cumsum(per_doc)])[:-1]
-        out[has] = np.maximum.reduceat(values, starts[has])
-    return out
+    all_sizes = TOP_NGRAMS + DUP_NGRAMS
+    sizes = np.array(all_sizes, dtype=np.int64)
+    window = np.where(np.asarray(cjk, dtype=bool)[:, None], sizes * cjk_scale, sizes).astype(np.int64)
+    scores = quality_loops.ngram_repetition(comp, starts, np.ascontiguousarray(comp_len, dtype=np.float64),
+                                            np.ascontiguousarray(window), len(TOP_NGRAMS))
+    return {f"{'top' if size in TOP_NGRAMS else 'dup'}_{size}gram_share": scores[:, k] for k, size in enumerate(all_sizes)}
 
 
 # ---- stop words ----------------------------------------------------------------------------
 EN_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
 ZH_STOP_CHARS = "的了是在不有和人这這之也而其以于於为為一无無与與中上大"
+
+
+WORD_CHARS = r"[^\s\p{Z}\p{P}\p{S}\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]+"  # a run of them is a word
+STOP_TRIM = ".,;:!?\"'()[]{}"
+_TEXT_TABLES: Optional[tuple[np.ndarray, np.ndarray]] = None
+
+
+def _text_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(flags, lowmap) per code point for `quality_loops.text_counts`, taken from the Arrow kernels
+    (RE2 classes, utf8_split_whitespace, utf8_lower) the scores were defined with, applied to every
+    code point once: the compiled loop then counts exactly what those kernels count. Cached on disk,
+    keyed by the pyarrow version."""
+    global _TEXT_TABLES
+    if _TEXT_TABLES is not None:
+        return _TEXT_TABLES
+    import os
+    from pathlib import Path
+
+    key = hashlib.sha256(f"{pa.__version__}{WORD_CHARS}{ZH_STOP_CHARS}{MOJIBAKE}{PUNCT}".encode()).hexdigest()[:12]
+    cache = Path(__file__).resolve().parent / "__pycache__" / f"text-tables-{key}.npz"
+    try:
+        with np.load(cache) as z:
+            _TEXT_TABLES = (z["flags"], z["lowmap"])
+        if len(_TEXT_TABLES[0]) == 0x110000:
+            return _TEXT_TABLES
+    except (OSError, ValueError, KeyError):
+        pass
+    L = quality_loops
+    points = np.concatenate([np.arange(0xD800), np.arange(0xE000, 0x110000)])  # no surrogates in UTF-8
+    chars = pa.array([chr(c) for c in points.tolist()], pa.string())
+    flags = np.zeros(0x110000, dtype=np.uint8)
+
+    def mark(hit: pa.Array, flag: int) -> None:
+        flags[points[np.asarray(hit.to_numpy(zero_copy_only=False), dtype=bool)]] |= flag
+
+    wrapped = pc.binary_join_element_wise("a", chars, "b", "")  # a<c>b splits in two where c is a space
+    mark(pc.equal(pc.list_value_length(pc.utf8_split_whitespace(wrapped)), 2), L.WS)
+    mark(pc.equal(pc.count_substring_regex(chars, WORD_CHARS), 0), L.WORD_SEP)
+    mark(pc.match_substring_regex(chars, r"[\p{L}]"), L.LETTER)
+    mark(pc.is_in(chars, value_set=pa.array(list(ZH_STOP_CHARS))), L.ZH_STOP)
+    mark(pc.is_in(chars, value_set=pa.array(sorted({m[0] for m in MOJIBAKE}))), L.MOJIBAKE_START)
+    mark(pc.match_substring_regex(chars, PUNCT), L.PUNCT)
+    lowered = pc.utf8_lower(chars)
+    single_ascii = pc.and_(pc.equal(pc.binary_length(lowered), 1), pc.equal(pc.utf8_length(lowered), 1))
+    low = np.zeros(0x110000, dtype=np.uint8)
+    one = np.asarray(single_ascii.to_numpy(zero_copy_only=False), dtype=bool)
+    low[points[one]] = np.frombuffer(b"".join(v.encode() for v in lowered.filter(single_ascii).to_pylist()), np.uint8)
+    _TEXT_TABLES = (flags, low)
+    try:  # a read-only install simply recomputes them per process
+        cache.parent.mkdir(exist_ok=True)
+        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, flags=flags, lowmap=low)
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return _TEXT_TABLES
+
+
+def _text_counts(texts: pa.Array) -> np.ndarray:
+    """quality_loops.text_counts of a batch (one row per document)."""
+    flags, low = _text_tables()
+    trim = np.zeros(128, dtype=np.bool_)
+    trim[[ord(c) for c in STOP_TRIM]] = True
+    width = max(len(w) for w in EN_STOP_WORDS)
+    stop = np.zeros((len(EN_STOP_WORDS), width), dtype=np.uint8)
+    for k, w in enumerate(EN_STOP_WORDS):
+        stop[k, :len(w)] = np.frombuffer(w.encode(), np.uint8)
+    data, offsets = utf8_buffers(texts)
+    return quality_loops.text_counts(data, offsets, flags, low, trim, stop,
+                                     np.array([len(w) for w in EN_STOP_WORDS], dtype=np.int64))
 
 
 def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 2,
@@ -279,40 +336,31 @@ def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks()
     texts = texts.cast(pa.string())
-    pylist = texts.to_pylist()
-    n = len(pylist)
-    s = _char_scores(pylist)
+    n = len(texts)
+    s = _char_scores(texts)
     zh = s["cjk_share"] >= cjk_share
     lines = _segment_stats(texts, r"\n", zh, short_line_chars, short_line_chars_cjk)
     paras = _segment_stats(texts, r"\n\s*\n", zh, None, None, terminal=True)
-    words_lists = pc.utf8_split_whitespace(texts)
-    w_off = words_lists.offsets.to_numpy()
-    w_flat = pc.list_flatten(words_lists)
-    w_doc = np.repeat(np.arange(n, dtype=np.int64), np.diff(w_off - w_off[0]))
-    w_len = pc.utf8_length(w_flat).to_numpy(zero_copy_only=False).astype(np.int64)
-    has_alpha = pc.match_substring_regex(w_flat, r"[\p{L}]").to_numpy(zero_copy_only=False)
-    latin_words = pc.count_substring_regex(texts, r"[^\s\p{Z}\p{P}\p{S}\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]+")
-    latin_words = latin_words.to_numpy(zero_copy_only=False).astype(np.int64)
-    ws_words = np.bincount(w_doc, minlength=n)
-    lower = pc.utf8_lower(w_flat)
-    stop = pc.is_in(pc.utf8_trim(lower, characters=".,;:!?\"'()[]{}"), value_set=pa.array(EN_STOP_WORDS))
-    stop = stop.to_numpy(zero_copy_only=False)
-    zh_stop = pc.count_substring_regex(texts, f"[{ZH_STOP_CHARS}]").to_numpy(zero_copy_only=False)
-    symbols = (pc.count_substring(texts, "#").to_numpy(zero_copy_only=False)
-               + pc.count_substring_regex(texts, r"\.\.\.|…").to_numpy(zero_copy_only=False))
+    tc = _text_counts(texts)  # words, stop words, symbols, mojibake candidates: one compiled pass
+    latin_words, zh_stop, symbols = tc[:, 0], tc[:, 1], tc[:, 2] + tc[:, 3]
+    ws_words, ws_word_chars, alpha_words, en_stop = tc[:, 5], tc[:, 6], tc[:, 7], tc[:, 8]
     lorem = pc.match_substring(texts, "lorem ipsum", ignore_case=True).to_numpy(zero_copy_only=False)
-    mojibake = sum(pc.count_substring(texts, m).to_numpy(zero_copy_only=False) for m in MOJIBAKE)
+    mojibake = np.zeros(n, dtype=np.int64)
+    suspect = np.flatnonzero(tc[:, 4])  # texts holding the first character of a mojibake string
+    if len(suspect):
+        sub = texts.take(pa.array(suspect))
+        mojibake[suspect] = sum(pc.count_substring(sub, m).to_numpy(zero_copy_only=False).astype(np.int64) for m in MOJIBAKE)
     words = latin_words + s["cjk_chars"]
     line_n = np.maximum(lines["segments"], 1)
     df = pd.DataFrame({
         "lang": np.where(zh, "zh", np.where(s["script_latin"] >= 0.5, "en", "other")),
         "chars": s["chars"], "nonspace_chars": s["nonspace_chars"], "cjk_chars": s["cjk_chars"],
         "words": words,
-        "mean_word_length": np.bincount(w_doc, weights=w_len, minlength=n) / np.maximum(ws_words, 1),
+        "mean_word_length": ws_word_chars.astype(np.float64) / np.maximum(ws_words, 1),
         "symbol_word_ratio": symbols / np.maximum(words, 1),
         "alpha_word_share": np.where(zh, s["letters"] / np.maximum(s["nonspace_chars"], 1),
-                                     np.bincount(w_doc[has_alpha], minlength=n) / np.maximum(ws_words, 1)),
-        "stop_words": np.where(zh, zh_stop, np.bincount(w_doc[stop], minlength=n)),
+                                     alpha_words / np.maximum(ws_words, 1)),
+        "stop_words": np.where(zh, zh_stop, en_stop),
         "lines": lines["segments"],
         "bullet_line_share": lines["bullet_lines"] / line_n,
         "ellipsis_line_share": lines["ellipsis_lines"] / line_n,

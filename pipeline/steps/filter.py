@@ -185,27 +185,28 @@ def _keyed_rules(fc: FilterConfig) -> dict[tuple, dict]:
 
 def boilerplate_lines(ctx: StepContext, parts: list[str], cache: Path, reuse: bool) -> tuple[dict, dict]:
     """{source: set of line hashes} to remove: lines in at least `min_docs` documents and
-    `min_doc_share` of their source's documents, counted with a Dask groupby over the corpus."""
-    import dask.dataframe as dd
-
+    `min_doc_share` of their source's documents. Each part counts its lines into int64 arrays split
+    by line hash (`boilerplate.count_lines_buckets`); one task per bucket sums that bucket over the
+    corpus and passes on only the lines in `min_docs` documents or more (no string shuffle)."""
     bc = ctx.cfg.filter.boilerplate_lines
     if not bc.enabled:
         return {}, {"enabled": False}
     path = cache / "boilerplate_lines.parquet"
     if not (reuse and path.is_file()):
-        meta = pd.DataFrame({"source": pd.Series(dtype="string"), "hash": pd.Series(dtype="int64"),
-                             "docs": pd.Series(dtype="int64")})
-        counted = dd.from_map(boilerplate.count_lines_part, parts, min_width=bc.min_width, meta=meta,
-                              enforce_metadata=False)
-        totals = counted.groupby(["source", "hash"])["docs"].sum(split_out=max(1, len(parts) // 4))
-        per_source = totals[totals < 0]  # hash 0 rows carry -(documents of the source)
-        frequent = totals[totals >= bc.min_docs]
-        source_docs, frequent = ctx.compute([per_source, frequent], "02-filter: counting lines across the corpus")
-        source_docs = (-source_docs).reset_index().groupby("source")["docs"].sum()
-        frequent = frequent.reset_index()
-        need = np.maximum(bc.min_docs, bc.min_doc_share * frequent["source"].map(source_docs).to_numpy(dtype=float))
-        chosen = frequent[(frequent["docs"].to_numpy() >= need) & (frequent["hash"].to_numpy() != 0)]
-        write_table_atomic(pa.Table.from_pandas(chosen.reset_index(drop=True), preserve_index=False), path)
+        buckets = max(1, len(parts) // 4)
+        counted = [delayed(boilerplate.count_lines_buckets, nout=buckets + 1)(p, bc.min_width, buckets) for p in parts]
+        tasks = [delayed(boilerplate.sum_line_counts)([c[b + 1] for c in counted], bc.min_docs) for b in range(buckets)]
+        tasks.append(delayed(_merge_sources)([c[0] for c in counted]))
+        *frequent, sources = ctx.run(tasks, "02-filter: counting lines across the corpus")
+        frequent = np.concatenate(frequent) if frequent else np.zeros((0, 3), np.int64)
+        names = {k: v[0] for k, v in sources.items()}
+        source_docs = np.array([sources[k][1] for k in frequent[:, 0].tolist()], dtype=float)
+        need = np.maximum(bc.min_docs, bc.min_doc_share * source_docs)
+        rows = frequent[(frequent[:, 2] >= need) & (frequent[:, 1] != 0)]
+        chosen = pd.DataFrame({"source": pd.Series([names[k] for k in rows[:, 0].tolist()], dtype="string"),
+                               "hash": rows[:, 1], "docs": rows[:, 2]})
+        chosen = chosen.sort_values(["source", "hash"], kind="stable").reset_index(drop=True)
+        write_table_atomic(pa.Table.from_pandas(chosen, preserve_index=False), path)
     chosen = pq.read_table(path).to_pandas()
     drop = {str(s): set(g["hash"].tolist()) for s, g in chosen.groupby("source")}
     top = chosen.sort_values(["docs", "source", "hash"], ascending=[False, True, True]).head(TOP_BOILERPLATE_LINES)
@@ -215,6 +216,15 @@ def boilerplate_lines(ctx: StepContext, parts: list[str], cache: Path, reuse: bo
                      for s, h, d in zip(top["source"], top["hash"], top["docs"])]}
     ctx.log(f"  filter: {len(chosen)} boilerplate lines in {len(drop)} sources")
     return drop, stats
+
+
+def _merge_sources(parts: list[dict]) -> dict:
+    """{source key: [name, documents]} summed over the parts."""
+    out: dict = {}
+    for d in parts:
+        for k, (name, n) in d.items():
+            out.setdefault(k, [name, 0])[1] += n
+    return out
 
 
 def removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3) -> dict:

@@ -1,0 +1,372 @@
+"""Compiled per-document loops behind the quality scores (numba, cached on disk).
+
+Why compiled: the numpy formulation (`quality.py` before issue 19) built whole-batch temporaries for
+every character (a UTF-32 copy of the batch, its document index, class and run arrays) and, for
+Gopher's repetition scores, every n-gram window of every document with a hash-table pass per size.
+A loop per document reads the Arrow UTF-8 buffer once and keeps one small hash table per document.
+The definitions are unchanged (the tests compare against the straightforward Python reference), and
+every count is an integer, so the scores are bit-for-bit those of the numpy code.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+@nb.njit(cache=True, nogil=True)
+def char_classes(data: np.ndarray, offsets: np.ndarray, cls_table: np.ndarray, ts_table: np.ndarray,
+                 n_classes: int, first_letter: int, last_letter: int) -> tuple:
+    """Per document: code points per class (n x n_classes), traditional-only and simplified-only
+    characters, and the longest run of one repeated letter (classes first_letter..last_letter),
+    decoded from an Arrow string array's value buffer and int64 offsets."""
+    n = len(offsets) - 1
+    counts = np.zeros((n, n_classes), dtype=np.int64)
+    trad = np.zeros(n, dtype=np.int64)
+    simp = np.zeros(n, dtype=np.int64)
+    max_run = np.zeros(n, dtype=np.int64)
+    for d in range(n):
+        i, end = offsets[d], offsets[d + 1]
+        prev = -1
+        run = 0
+        best = 0
+        while i < end:
+            c = np.int64(data[i])
+            if c < 0x80:
+                i += 1
+            elif c < 0xE0:
+                c = ((c & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
+                i += 2
+            elif c < 0xF0:
+                c = ((c & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
+                i += 3
+            else:
+                c = (((c & 0x07) << 18) | ((np.int64(data[i + 1]) & 0x3F) << 12) | ((np.int64(data[i + 2]) & 0x3F) << 6)
+                     | (np.int64(data[i + 3]) & 0x3F))
+                i += 4
+            k = np.int64(cls_table[c])
+            counts[d, k] += 1
+            t = ts_table[c]
+            if t == 1:
+                trad[d] += 1
+            elif t == 2:
+                simp[d] += 1
+            if first_letter <= k <= last_letter:
+                if c == prev:
+                    run += 1
+                else:
+                    run = 1
+                if run > best:
+                    best = run
+            else:
+                run = 0
+            prev = c
+        max_run[d] = best
+    return counts, trad, simp, max_run
+
+
+@nb.njit(inline="always")
+def _fmix64(x):
+    x ^= x >> np.uint64(33)
+    x *= np.uint64(0xFF51AFD7ED558CCD)
+    x ^= x >> np.uint64(33)
+    x *= np.uint64(0xC4CEB9FE1A85EC53)
+    return x ^ (x >> np.uint64(33))
+
+
+@nb.njit(inline="always")
+def _count_windows(comp, lo, cand, n_cand, w, keys, cnt, stamp, generation, slot_of, later):
+    """Occurrences of every candidate window's n-gram in one document (an open-addressing table;
+    slots of an older `generation` are free), and whether an earlier window had the same n-gram."""
+    P = np.uint64(0x100000001B3)
+    mask = np.uint64(len(keys) - 1)
+    for j in range(n_cand):
+        s = lo + cand[j]
+        h = np.uint64(0)
+        for q in range(w):
+            h = h * P + comp[s + q]
+        slot = _fmix64(h) & mask
+        while stamp[slot] == generation and keys[slot] != h:
+            slot = (slot + np.uint64(1)) & mask
+        if stamp[slot] != generation:
+            stamp[slot] = generation
+            keys[slot] = h
+            cnt[slot] = 0
+        later[j] = cnt[slot] > 0
+        cnt[slot] += 1
+        slot_of[j] = np.int64(slot)
+
+
+@nb.njit(inline="always")
+def _top_share(comp_len, lo, cand, n_cand, w, cnt, slot_of):
+    """Characters of the most frequent repeated n-gram times its count (0: none repeats)."""
+    best = 0.0
+    for j in range(n_cand):
+        c = cnt[slot_of[j]]
+        if c > 1:
+            chars = 0.0
+            s = lo + cand[j]
+            for q in range(w):
+                chars += comp_len[s + q]
+            v = c * chars
+            if v > best:
+                best = v
+    return best
+
+
+@nb.njit(inline="always")
+def _covered(comp_len, lo, m, cand, n_cand, w, later, diff):
+    """Characters of the components covered by a later occurrence of a repeated n-gram."""
+    for j in range(m + 1):
+        diff[j] = 0
+    any_later = False
+    for j in range(n_cand):
+        if later[j]:
+            diff[cand[j]] += 1
+            diff[cand[j] + w] -= 1
+            any_later = True
+    covered = 0.0
+    if any_later:
+        run = 0
+        for j in range(m):
+            run += diff[j]
+            if run > 0:
+                covered += comp_len[lo + j]
+    return covered
+
+
+@nb.njit(cache=True, nogil=True)
+def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray, sizes: np.ndarray,
+                     n_top: int) -> np.ndarray:
+    """Gopher's repetition scores, one column per n-gram size (sizes: n_docs x n_sizes, the window
+    length of each size for each document, in increasing order): for the first `n_top` sizes the
+    share of component characters in the most frequent repeated n-gram times its count, for the
+    others the share of component characters covered by later occurrences of repeated n-grams.
+
+    An n-gram is the polynomial fold of its components' hashes (sum c[s+j] P^(n-1-j), mod 2^64): the
+    key the numpy code compared. Each size only looks at the window starts whose previous-size window
+    repeated (an n-gram occurring twice starts with an (n-1)-gram occurring twice)."""
+    n = len(starts) - 1
+    n_sizes = sizes.shape[1]
+    out = np.zeros((n, n_sizes), dtype=np.float64)
+    longest = 0
+    for d in range(n):
+        longest = max(longest, starts[d + 1] - starts[d])
+    cap = 16
+    while cap < 2 * longest:
+        cap *= 2
+    keys = np.zeros(cap, dtype=np.uint64)
+    cnt = np.zeros(cap, dtype=np.int64)
+    stamp = np.full(cap, -1, dtype=np.int64)
+    cand = np.empty(longest, dtype=np.int64)
+    slot_of = np.empty(longest, dtype=np.int64)
+    later = np.empty(longest, dtype=np.bool_)
+    diff = np.zeros(longest + 1, dtype=np.int64)
+    generation = 0
+    for d in range(n):
+        lo, hi = starts[d], starts[d + 1]
+        m = hi - lo
+        if m == 0:
+            continue
+        total = 0.0
+        for j in range(lo, hi):
+            total += comp_len[j]
+        denom = max(total, 1.0)
+        n_cand = m
+        for j in range(m):
+            cand[j] = j
+        for z in range(n_sizes):
+            w = sizes[d, z]
+            # drop the starts whose window runs past the end
+            k = 0
+            for j in range(n_cand):
+                if cand[j] + w <= m:
+                    cand[k] = cand[j]
+                    k += 1
+            n_cand = k
+            if n_cand == 0:
+                break
+            generation += 1
+            _count_windows(comp, lo, cand, n_cand, w, keys, cnt, stamp, generation, slot_of, later)
+            if z < n_top:
+                out[d, z] = _top_share(comp_len, lo, cand, n_cand, w, cnt, slot_of) / denom
+            else:
+                out[d, z] = _covered(comp_len, lo, m, cand, n_cand, w, later, diff) / denom
+            out[d, z] = min(out[d, z], 1.0)
+            k = 0
+            for j in range(n_cand):
+                if cnt[slot_of[j]] > 1:
+                    cand[k] = cand[j]
+                    k += 1
+            n_cand = k
+    return out
+
+
+# flags of the per-code-point table `text_counts` reads (quality._text_tables derives them from Arrow/RE2)
+WS, WORD_SEP, LETTER, ZH_STOP, MOJIBAKE_START, PUNCT = 1, 2, 4, 8, 16, 32
+
+
+@nb.njit(cache=True, nogil=True)
+def text_counts(data: np.ndarray, offsets: np.ndarray, flags: np.ndarray, lowmap: np.ndarray, trim: np.ndarray,
+                stop_words: np.ndarray, stop_len: np.ndarray) -> np.ndarray:
+    """Per document (rows) the counts score_texts took from Arrow kernels, in one pass over the UTF-8:
+    0 runs of word characters (not WORD_SEP), 1 ZH_STOP characters, 2 '#', 3 ellipses ('...' or '…',
+    non-overlapping), 4 whether a MOJIBAKE_START character occurs, and over the tokens of Arrow's
+    utf8_split_whitespace (a run of WS characters separates; a run of two or more at the very end
+    also leaves one more empty token): 5 tokens, 6 their characters, 7 tokens holding a LETTER,
+    8 tokens that are a stop word once lowercased (`lowmap`: the ASCII a character lowercases to, 0
+    for anything else) and trimmed of `trim` characters at both ends."""
+    n = len(offsets) - 1
+    out = np.zeros((n, 9), dtype=np.int64)
+    longest = 0
+    for d in range(n):
+        longest = max(longest, offsets[d + 1] - offsets[d])
+    buf = np.empty(longest + 1, dtype=np.uint8)
+    for d in range(n):
+        i, end = offsets[d], offsets[d + 1]
+        in_word = False
+        dots = 0
+        ws_run = 0
+        tokens = 1
+        tok_len = 0  # characters of the current token; buf holds its lowercased ASCII (0: not ASCII)
+        tok_alpha = False
+        while True:
+            if i < end:
+                c = np.int64(data[i])
+                if c < 0x80:
+                    i += 1
+                elif c < 0xE0:
+                    c = ((c & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
+                    i += 2
+                elif c < 0xF0:
+                    c = ((c & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
+                    i += 3
+                else:
+                    c = (((c & 0x07) << 18) | ((np.int64(data[i + 1]) & 0x3F) << 12)
+                         | ((np.int64(data[i + 2]) & 0x3F) << 6) | (np.int64(data[i + 3]) & 0x3F))
+                    i += 4
+                f = flags[c]
+            else:
+                c = -1
+                f = WS  # the end closes the last token
+            if c >= 0:
+                if f & WORD_SEP:
+                    in_word = False
+                elif not in_word:
+                    in_word = True
+                    out[d, 0] += 1
+                if f & ZH_STOP:
+                    out[d, 1] += 1
+                if f & MOJIBAKE_START:
+                    out[d, 4] = 1
+                if c == 0x23:
+                    out[d, 2] += 1
+                if c == 0x2E:
+                    dots += 1
+                    if dots == 3:
+                        out[d, 3] += 1
+                        dots = 0
+                else:
+                    dots = 0
+                    if c == 0x2026:
+                        out[d, 3] += 1
+            if f & WS:
+                if tok_len > 0:  # a token ends
+                    out[d, 6] += tok_len
+                    if tok_alpha:
+                        out[d, 7] += 1
+                    if _is_stop(buf, tok_len, trim, stop_words, stop_len):
+                        out[d, 8] += 1
+                    tok_len = 0
+                    tok_alpha = False
+                if c < 0:
+                    break
+                if ws_run == 0:
+                    tokens += 1
+                ws_run += 1
+            else:
+                if ws_run > 0:
+                    ws_run = 0
+                buf[tok_len] = lowmap[c]
+                tok_len += 1
+                if f & LETTER:
+                    tok_alpha = True
+        # a whitespace run reaching the end (ws_run counts it) of two or more leaves one more empty token
+        if ws_run >= 2:
+            tokens += 1
+        out[d, 5] = tokens
+    return out
+
+
+@nb.njit(inline="always")
+def _is_stop(buf, length, trim, stop_words, stop_len):
+    lo, hi = 0, length
+    while lo < hi and buf[lo] != 0 and trim[buf[lo]]:
+        lo += 1
+    while hi > lo and buf[hi - 1] != 0 and trim[buf[hi - 1]]:
+        hi -= 1
+    size = hi - lo
+    for k in range(len(stop_len)):
+        if stop_len[k] != size:
+            continue
+        same = True
+        for q in range(size):
+            if buf[lo + q] != stop_words[k, q]:
+                same = False
+                break
+        if same:
+            return True
+    return False
+
+
+@nb.njit(cache=True, nogil=True)
+def split_words(data: np.ndarray, offsets: np.ndarray, docs: np.ndarray, sep: np.ndarray) -> tuple:
+    """The words of documents `docs`: maximal runs of characters that are not `sep` (whitespace,
+    punctuation and symbols), as a new UTF-8 buffer with int64 word offsets, each word's length in
+    characters, and the word count per document."""
+    total = 0
+    for d in docs:
+        total += offsets[d + 1] - offsets[d]
+    out = np.empty(max(total, 1), dtype=np.uint8)
+    word_off = np.zeros(total + 1, dtype=np.int64)
+    word_len = np.zeros(total, dtype=np.int64)
+    counts = np.zeros(len(docs), dtype=np.int64)
+    k = 0  # bytes written
+    w = 0  # words
+    for j in range(len(docs)):
+        d = docs[j]
+        i, end = offsets[d], offsets[d + 1]
+        in_word = False
+        while i < end:
+            start = i
+            c = np.int64(data[i])
+            if c < 0x80:
+                i += 1
+            elif c < 0xE0:
+                c = ((c & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
+                i += 2
+            elif c < 0xF0:
+                c = ((c & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
+                i += 3
+            else:
+                c = (((c & 0x07) << 18) | ((np.int64(data[i + 1]) & 0x3F) << 12)
+                     | ((np.int64(data[i + 2]) & 0x3F) << 6) | (np.int64(data[i + 3]) & 0x3F))
+                i += 4
+            if sep[c]:
+                if in_word:
+                    w += 1
+                    word_off[w] = k
+                    in_word = False
+                continue
+            if not in_word:
+                in_word = True
+                counts[j] += 1
+            for b in range(start, i):
+                out[k] = data[b]
+                k += 1
+            word_len[w] += 1
+        if in_word:
+            w += 1
+            word_off[w] = k
+    return out[:max(k, 1)], word_off[:w + 1], word_len[:w], counts
