@@ -236,6 +236,8 @@ def run_once(data: Path, truth: dict, out: Path, engine: str, args) -> dict:
            "tokenizer": {"model": args.tokenizer}, "pack": {"seq_length": 2048},
            "shard": {"ranks": 2, "files_per_rank": 4}, "train": {"enabled": False},
            "cluster": {"n_workers": args.workers}}
+    if args.components_mb is not None:  # the near-dup budget in the driver: above it, candidates and edges stay on Dask
+        cfg["dedup"] = {"components_memory_mb": args.components_mb}
     cluster_procs: list[subprocess.Popen] = []
     local_dirs: list[Path] = []
     if engine == "cluster":
@@ -308,6 +310,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--memory-limit", default="3GB")
     ap.add_argument("--part-size-mb", type=float, default=32)
+    ap.add_argument("--components-mb", type=int, default=None,
+                    help="dedup.components_memory_mb (default: the config's): near-dup candidates and edges held in "
+                         "the driver up to this much, on the workers above it")
     ap.add_argument("--tokenizer", default=str(HERE.parent.parent / "shared/data/kept/tokenizers/chinese-llama-2_tokenizer.model"))
     args = ap.parse_args()
     results = []
