@@ -135,9 +135,12 @@ def make_corpus(corpus: Path, out: Path, base_bytes: int, scale: int, seed: int 
 class Sampler:
     """Peak RSS per process and CPU seconds over a set of process trees, sampled every 0.25 s."""
 
-    def __init__(self, roots: list[psutil.Process]):
+    def __init__(self, roots: list[psutil.Process], out: Path | None = None):
         self.roots, self.peak, self.cpu, self.total_peak = roots, {}, {}, 0
         self.names: dict[int, str] = {}
+        # per step (the run's progress.json "stage"): peak of the driver, of the largest worker, of all
+        self.out = out
+        self.by_step: dict[str, dict[str, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -150,9 +153,23 @@ class Sampler:
                 continue
         return out
 
+    def _step(self) -> str:
+        try:
+            doc = json.loads((self.out / "progress.json").read_text())
+            stage = doc.get("stage")
+            if not stage:
+                return "finish" if doc.get("state") != "running" else "setup"
+            # between two steps (the runner's own work after a step: ledger, report) is its own row
+            return stage if doc["stages"].get(stage, {}).get("state") == "running" else f"after {stage}"
+        except (OSError, ValueError, AttributeError, TypeError, KeyError):
+            return "setup"
+
     def _run(self) -> None:
+        driver = self.roots[0].pid
         while not self._stop.is_set():
-            total = 0
+            total, worker = 0, 0
+            step = self._step()
+            at = self.by_step.setdefault(step, {"driver": 0, "worker": 0, "all": 0})
             for p in self._procs():
                 try:
                     rss = p.memory_info().rss
@@ -163,6 +180,12 @@ class Sampler:
                 total += rss
                 self.peak[p.pid] = max(self.peak.get(p.pid, 0), rss)
                 self.cpu[p.pid] = t.user + t.system
+                if p.pid == driver:
+                    at["driver"] = max(at["driver"], rss)
+                elif "scheduler" not in self.names[p.pid]:
+                    worker = max(worker, rss)
+            at["worker"] = max(at["worker"], worker)
+            at["all"] = max(at["all"], total)
             self.total_peak = max(self.total_peak, total)
             time.sleep(0.25)
 
@@ -213,6 +236,8 @@ def run_once(data: Path, truth: dict, out: Path, engine: str, args) -> dict:
            "tokenizer": {"model": args.tokenizer}, "pack": {"seq_length": 2048},
            "shard": {"ranks": 2, "files_per_rank": 4}, "train": {"enabled": False},
            "cluster": {"n_workers": args.workers}}
+    if args.components_mb is not None:  # the near-dup budget in the driver: above it, candidates and edges stay on Dask
+        cfg["dedup"] = {"components_memory_mb": args.components_mb}
     cluster_procs: list[subprocess.Popen] = []
     local_dirs: list[Path] = []
     if engine == "cluster":
@@ -229,7 +254,7 @@ def run_once(data: Path, truth: dict, out: Path, engine: str, args) -> dict:
     driver = subprocess.Popen([*CORPUSMILL, "run", str(out.parent / (out.name + ".yaml")), "--out", str(out)],
                               stdout=log, stderr=subprocess.STDOUT)
     roots = [psutil.Process(driver.pid)] + [psutil.Process(p.pid) for p in cluster_procs]
-    with Sampler(roots) as s:
+    with Sampler(roots, out) as s:
         rc = driver.wait()
     wall = time.perf_counter() - started
     alive = [p.poll() is None for p in cluster_procs]
@@ -253,6 +278,7 @@ def run_once(data: Path, truth: dict, out: Path, engine: str, args) -> dict:
         "planted_near_found": f"{found_near}/{len(truth['near'])}",
         "removed_sha256": hashlib.sha256("\n".join(sorted(removed)).encode()).hexdigest()[:16],
         "shards_rows": _shards_rows(out),
+        "by_step_mb": {k: {r: round(v / 2**20) for r, v in d.items()} for k, d in s.by_step.items()},
     }
 
 
@@ -284,6 +310,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--memory-limit", default="3GB")
     ap.add_argument("--part-size-mb", type=float, default=32)
+    ap.add_argument("--components-mb", type=int, default=None,
+                    help="dedup.components_memory_mb (default: the config's): near-dup candidates and edges held in "
+                         "the driver up to this much, on the workers above it")
     ap.add_argument("--tokenizer", default=str(HERE.parent.parent / "shared/data/kept/tokenizers/chinese-llama-2_tokenizer.model"))
     args = ap.parse_args()
     results = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -24,31 +23,61 @@ from .rundir import RunDir
 EARLIER_RUN = "(an earlier run)"  # the group keeping a document removed by dedup.reference
 
 
-def _index(rundir: RunDir) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The read step's documents sorted by uid: (uids, sources, languages)."""
-    parts = rundir.parts("read")
-    if not parts:
-        return np.empty(0, np.int64), np.empty(0, object), np.empty(0, object)
-    names = pq.read_schema(parts[0]).names
-    columns = ["uid", "source"] + (["language"] if "language" in names else [])
-    table = pa.concat_tables([pq.read_table(p, columns=columns) for p in parts])
-    uid = table.column("uid").to_numpy()
-    order = np.argsort(uid, kind="stable")
-    src = np.asarray(table.column("source").fill_null(UNKNOWN).to_pylist(), dtype=object)[order]
-    lang = (np.asarray(table.column("language").fill_null(UNKNOWN).to_pylist(), dtype=object)[order]
-            if "language" in columns else np.full(len(uid), UNKNOWN, dtype=object))
-    return uid[order], src, lang
+class _Groups:
+    """(source, language) of the uids the removed rows name, found by streaming the read step's parts
+    one at a time: the driver holds only the uids it looks up (removed rows and the ids they
+    duplicate) with two small integer codes each, never a column of the whole corpus."""
+
+    def __init__(self, rundir: RunDir, uids: np.ndarray):
+        self.keys = np.unique(uids.astype(np.int64, copy=False))
+        self.names: list[str] = [UNKNOWN]  # code -> name; code 0 is UNKNOWN (a uid the read step does not hold)
+        codes: dict[str, int] = {UNKNOWN: 0}
+        self.src = np.zeros(len(self.keys), np.int32)
+        self.lang = np.zeros(len(self.keys), np.int32)
+        parts = rundir.parts("read") if len(self.keys) else []
+        for path in parts:
+            names = pq.read_schema(path).names
+            columns = ["uid", "source"] + (["language"] if "language" in names else [])
+            table = pq.read_table(path, columns=columns)
+            uid = table.column("uid").to_numpy()
+            pos = np.searchsorted(self.keys, uid).clip(max=len(self.keys) - 1)
+            hit = self.keys[pos] == uid
+            if not hit.any():
+                continue
+            at = pos[hit]
+            self.src[at] = self._codes(table.column("source").filter(pa.array(hit)), codes)
+            if "language" in columns:
+                self.lang[at] = self._codes(table.column("language").filter(pa.array(hit)), codes)
+
+    def _codes(self, column: pa.ChunkedArray, codes: dict[str, int]) -> np.ndarray:
+        encoded = column.fill_null(UNKNOWN).combine_chunks().dictionary_encode()
+        remap = np.empty(len(encoded.dictionary), np.int32)
+        for i, name in enumerate(encoded.dictionary.to_pylist()):
+            if name not in codes:
+                codes[name] = len(self.names)
+                self.names.append(name)
+            remap[i] = codes[name]
+        return remap[encoded.indices.to_numpy(zero_copy_only=False)] if len(remap) else np.zeros(0, np.int32)
+
+    def codes(self, uids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Codes (into `names`) of the source and language of these uids (0, UNKNOWN, for a uid the
+        read step does not hold: an earlier run's)."""
+        if not len(self.keys):
+            return np.zeros(len(uids), np.int32), np.zeros(len(uids), np.int32)
+        pos = np.searchsorted(self.keys, uids).clip(max=len(self.keys) - 1)
+        hit = self.keys[pos] == uids
+        return np.where(hit, self.src[pos], 0), np.where(hit, self.lang[pos], 0)
 
 
-def _lookup(index: tuple[np.ndarray, np.ndarray, np.ndarray], uids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Source and language of these uids (UNKNOWN for a uid the read step does not hold: an earlier run's)."""
-    keys, src, lang = index
-    if not len(keys):
-        unknown = np.full(len(uids), UNKNOWN, dtype=object)
-        return unknown, unknown.copy()
-    pos = np.searchsorted(keys, uids).clip(max=len(keys) - 1)
-    hit = keys[pos] == uids
-    return np.where(hit, src[pos], UNKNOWN), np.where(hit, lang[pos], UNKNOWN)
+def _removed_uids(files: list[str]) -> np.ndarray:
+    """The uids a step's removed rows name: theirs, and the ids they duplicate."""
+    names = pq.read_schema(files[0]).names
+    table = pq.read_table(files, columns=["uid"] + (["duplicate_of"] if "duplicate_of" in names else []))
+    uids = [table.column("uid").to_numpy()]
+    if "duplicate_of" in names:
+        dup_of = table.column("duplicate_of").drop_null().to_numpy(zero_copy_only=False)
+        uids.append(dup_of[~np.isnan(dup_of)] if dup_of.dtype.kind == "f" else dup_of)
+    return np.concatenate(uids).astype(np.int64)
 
 
 def build_composition(rundir: RunDir, stats: dict[str, dict], doc_steps: dict[str, str]) -> Optional[dict[str, Any]]:
@@ -70,6 +99,11 @@ def build_composition(rundir: RunDir, stats: dict[str, dict], doc_steps: dict[st
     cross: dict[tuple, int] = {}
     previous = "read"
     for step, kind in doc_steps.items():
+        if index is None and step != "read" and rundir.removed_files(step) and stats.get(step, {}).get("removed"):
+            # one pass over the read step's parts for every removed uid of every step
+            wanted = [_removed_uids(rundir.removed_files(st)) for st in doc_steps
+                      if st != "read" and rundir.removed_files(st) and stats.get(st, {}).get("removed")]
+            index = _Groups(rundir, np.concatenate(wanted))
         s = stats.get(step, {})
         passed = flatten(s.get("by_group", {}))
         if step != "read":
@@ -79,7 +113,6 @@ def build_composition(rundir: RunDir, stats: dict[str, dict], doc_steps: dict[st
                 entry(key)["steps"][step] = {"docs": out.get("docs", 0), "chars": out.get("chars", 0)}
             files = rundir.removed_files(step)
             if files and s.get("removed"):
-                index = index if index is not None else _index(rundir)
                 _removed_rows(step, kind, files, index, entry, cross)
             for key in set(before) | set(passed):  # every group balances at every step
                 gone = sum(entry(key)["removed"].get(step, {}).values())
@@ -114,27 +147,47 @@ def build_composition(rundir: RunDir, stats: dict[str, dict], doc_steps: dict[st
     }
 
 
-def _removed_rows(step: str, kind: str, files: list[str], index: tuple, entry, cross: dict) -> None:
-    """Count one step's removed rows by group and reason; duplicates also by the keeper's group."""
+def _removed_rows(step: str, kind: str, files: list[str], index: _Groups, entry, cross: dict) -> None:
+    """Count one step's removed rows by group and reason; duplicates also by the keeper's group. The
+    rows are counted as integer codes (group, reason), never as Python strings per row."""
     names = pq.read_schema(files[0]).names
     columns = ["uid", "reason"] + (["duplicate_of"] if "duplicate_of" in names else [])
     table = pq.read_table(files, columns=columns)
-    uids = table.column("uid").to_numpy()
-    src, lang = _lookup(index, uids)
-    reason = np.asarray(table.column("reason").fill_null("?").to_pylist(), dtype=object)
-    counted = pd.DataFrame({"s": src, "l": lang, "r": reason}).value_counts()
-    for (s, lg, r), n in counted.items():
-        entry((str(s), str(lg)))["removed"].setdefault(step, {})[str(r)] = int(n)
+    src, lang = index.codes(table.column("uid").to_numpy())
+    encoded = table.column("reason").fill_null("?").combine_chunks().dictionary_encode()
+    reasons = [str(r) for r in encoded.dictionary.to_pylist()]
+    reason = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    n_names, n_reasons = len(index.names) + 2, max(1, len(reasons))
+    for key, n in _counted((src.astype(np.int64) * n_names + lang) * n_reasons + reason):
+        (sl, r) = divmod(key, n_reasons)
+        (s, lg) = divmod(sl, n_names)
+        entry((index.names[s], index.names[lg]))["removed"].setdefault(step, {})[reasons[r]] = n
     if kind != DUPLICATES or "duplicate_of" not in columns:
         return
     dup_of = table.column("duplicate_of").to_numpy(zero_copy_only=False)
     has = ~np.isnan(dup_of) if dup_of.dtype.kind == "f" else np.ones(len(dup_of), bool)
-    ksrc, klang = _lookup(index, np.where(has, dup_of, -1).astype(np.int64))
-    earlier = np.char.endswith(reason.astype(str), "_earlier_run")  # kept by an earlier run (dedup.reference)
-    ksrc = np.where(has & ~earlier, ksrc, np.where(earlier, EARLIER_RUN, UNKNOWN))
-    klang = np.where(has & ~earlier, klang, np.where(earlier, "-", UNKNOWN))
-    other = (ksrc != src) | (klang != lang)
-    for i in np.flatnonzero(other):
-        pair = (step, str(src[i]), str(lang[i]), str(ksrc[i]), str(klang[i]))
-        cross[pair] = cross.get(pair, 0) + 1
-        entry((str(src[i]), str(lang[i])))["duplicates_kept_elsewhere"] += 1
+    ksrc, klang = index.codes(np.where(has, dup_of, -1).astype(np.int64))
+    # kept by an earlier run (dedup.reference): the keeper's group is named apart
+    earlier = np.asarray([r.endswith("_earlier_run") for r in reasons], bool)[reason] if reasons else has & False
+    gone, dash = len(index.names), len(index.names) + 1  # codes of EARLIER_RUN and "-"
+    ksrc = np.where(has & ~earlier, ksrc, np.where(earlier, gone, 0)).astype(np.int64)
+    klang = np.where(has & ~earlier, klang, np.where(earlier, dash, 0)).astype(np.int64)
+    other = np.flatnonzero((ksrc != src) | (klang != lang))
+    label = [*index.names, EARLIER_RUN, "-"]
+    key = ((src[other].astype(np.int64) * n_names + lang[other]) * n_names + ksrc[other]) * n_names + klang[other]
+    values, first, counts = np.unique(key, return_index=True, return_counts=True)
+    for i in np.argsort(first, kind="stable"):  # in the rows' order, as the pairs are first met
+        k, n = int(values[i]), int(counts[i])
+        rest, kl = divmod(k, n_names)
+        rest, ks = divmod(rest, n_names)
+        s, lg = divmod(rest, n_names)
+        pair = (step, label[s], label[lg], label[ks], label[kl])
+        cross[pair] = cross.get(pair, 0) + n
+        entry((label[s], label[lg]))["duplicates_kept_elsewhere"] += n
+
+
+def _counted(keys: np.ndarray) -> list[tuple[int, int]]:
+    """(key, count) of an integer array, most frequent first (ties by key)."""
+    values, counts = np.unique(keys, return_counts=True)
+    order = np.lexsort((values, -counts))
+    return [(int(values[i]), int(counts[i])) for i in order]

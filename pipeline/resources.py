@@ -33,7 +33,8 @@ DRIVER_BASE = 490 * MiB  # the driver: the CLI, the Dask client, a LocalCluster'
 TOKENS_PER_TEXT_BYTE = 0.4  # upper end over the real corpus's English and Chinese with the shipped tokenizers
 PACK_BYTES_PER_GROUP_ID = 24  # a pack group's ids gathered, its windows, the output table, mapped parts
 SHARD_BYTES_PER_ID_HELD = 3  # a chunk of windows as int32, its labels copy, and MindRecord's own page buffer
-DOC_ORDER_BYTES = 40  # the driver's pack order: uid, key, length and part per document
+DOC_ORDER_BYTES = 40  # the driver's pack order: uid, key, length and part per document (pad, best_fit, mix)
+ORDER_DRIVER_BYTES = 8 * MiB  # concat's range-partitioned order: per-bucket totals of every part, whatever the corpus
 EDGE_BYTES_PER_DOC = 64  # near-duplicate edges (16 bytes each) per document, generously: most have none
 TEXT_BYTES_PER_DOC = 2500  # for counting documents from file sizes when nothing better is known
 STAGE_BYTES_PER_INPUT_BYTE = 3.0  # disk: the document steps' zstd Parquet, the token and pack parts
@@ -123,7 +124,11 @@ def plan_resources(cfg: Any, input_bytes: int, *, workers: Optional[int] = None,
     peaks.append(Peak("shard", WORKER_BASE + MINDSPORE_BASE + threads * (SHARD_BYTES_PER_ID_HELD * held + 16 * windows),
                       "cluster.threads_per_worker"))
     docs = max(1, text // TEXT_BYTES_PER_DOC)
-    driver = [Peak("pack order", DRIVER_BASE + docs * DOC_ORDER_BYTES, "input.sample (a smaller run)")]
+    if cfg.pack.shuffle_documents and (cfg.pack.mode != "concat" or cfg.mix.sources):
+        # pad, best_fit and a mixture order the whole corpus in the driver; concat is range-partitioned
+        driver = [Peak("pack order", DRIVER_BASE + docs * DOC_ORDER_BYTES, "input.sample (a smaller run)")]
+    else:
+        driver = [Peak("pack order", DRIVER_BASE + ORDER_DRIVER_BYTES, "pack.mode")]
     if cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled:
         edges = min(cfg.dedup.components_memory_mb * MiB, docs * EDGE_BYTES_PER_DOC)  # above the budget: on Dask
         driver.append(Peak("near-dup components", DRIVER_BASE + 3 * edges, "dedup.components_memory_mb"))

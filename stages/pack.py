@@ -440,3 +440,137 @@ def _with_groups(table: pa.Table, group: Group, window: int, mode: str,
     tok = np.bincount(grp, weights=tokens) if len(grp) else np.zeros(0)
     dom = np.bincount(dominant[dominant >= 0]) if (dominant >= 0).any() else np.zeros(0, np.int64)
     return table, ({str(c): int(v) for c, v in enumerate(tok) if v}, {str(c): int(v) for c, v in enumerate(dom) if v})
+
+
+# ---- the seeded order, range-partitioned (no process holds the whole corpus's order) -------------
+#
+# `order_keys` are a hash of the uid, so their top ORDER_BITS bits cut the key space into buckets of
+# about equal size, and the global order by (key, uid) is the buckets one after another, each sorted
+# by (key, uid). The index pass writes each part's documents sorted by key (one small Arrow file per
+# part and set) and returns only per-bucket totals; a pack task finds the buckets its range of the
+# stream falls in from those totals, reads just their rows (a binary search in each part's sorted
+# key column, which is memory-mapped) and sorts them: the same groups as `plan_groups` over the
+# whole order, so the same windows and bytes.
+
+ORDER_BITS = 10
+ORDER_BUCKETS = 1 << ORDER_BITS
+ORDER_SETS = ("train", "validation")
+
+
+def order_index_part(path: str, seed: int, out_prefix: str, share: float, split_seed: int) -> dict[str, Any]:
+    """One tokenized part's documents, per set (training, and the validation split when `share` > 0),
+    sorted by (key, uid) into `out_prefix.SET.arrow` (key, uid, row, n_tokens, gcode); returns the
+    part's (source, language) pairs and, per set, documents and tokens per key bucket."""
+    from .mixing import validation_mask
+
+    x = document_index(path, seed)
+    n = len(x["uid"])
+    if share > 0 and "doc_hash" not in x:
+        raise ValueError(f"{path}: split.validation needs the tokenized parts' doc_hash column (rerun tokenize)")
+    held = validation_mask(x["doc_hash"], share, split_seed) if share > 0 else np.zeros(n, bool)
+    out: dict[str, Any] = {"groups": x.get("groups"), "sets": {}}
+    for name, mask in zip(ORDER_SETS, (~held, held)):
+        if name == "validation" and share <= 0:
+            continue
+        rows = np.flatnonzero(mask)
+        key, uid = x["key"][rows], x["uid"][rows]
+        o = np.lexsort((uid, key))
+        rows, key = rows[o], key[o]
+        n_tokens = x["n_tokens"][rows]
+        gcode = x["gcode"][rows] if "gcode" in x else np.full(len(rows), -1, np.int32)
+        table = pa.table({"key": pa.array(key, pa.uint64()), "uid": pa.array(uid[o], pa.int64()),
+                          "row": pa.array(rows.astype(np.int64)), "n_tokens": pa.array(n_tokens, pa.int64()),
+                          "gcode": pa.array(gcode.astype(np.int32))})
+        target = f"{out_prefix}.{name}.arrow"
+        write_table_atomic(table, Path(target))
+        bucket = (key >> np.uint64(64 - ORDER_BITS)).astype(np.int64)
+        bounds = np.searchsorted(bucket, np.arange(ORDER_BUCKETS + 1), "left")
+        cum = np.concatenate([[0], np.cumsum(n_tokens)]).astype(np.int64)
+        out["sets"][name] = {"path": target, "docs": np.diff(bounds).astype(np.int64),
+                             "tokens": np.diff(cum[bounds]).astype(np.int64)}
+    return out
+
+
+@dataclass
+class RangePlan:
+    """One pack task of the range-partitioned order: the ids [t0, t1) of the concat stream of a set,
+    found in buckets b0..b1, whose stream starts at `base` (the ids of all buckets before b0)."""
+
+    t0: int
+    t1: int
+    b0: int
+    b1: int
+    base: int
+    total: int  # the set's ids in all: where the last incomplete window is cut
+
+
+def plan_ranges(tokens_per_bucket: np.ndarray, window: int, group_tokens: int) -> list[RangePlan]:
+    """concat's groups of `plan_groups` (the stream cut at multiples of the window,
+    `group_tokens // window` windows a group), from the per-bucket totals alone."""
+    tb = np.concatenate([[0], np.cumsum(tokens_per_bucket)]).astype(np.int64)  # bucket b holds ids [tb[b], tb[b+1])
+    total = int(tb[-1])
+    per_group = max(1, group_tokens // window) * window
+    plans = []
+    for t0 in range(0, total, per_group):
+        t1 = min(total, t0 + per_group)
+        # every bucket that may hold a document overlapping [t0, t1) (or starting at t0, for empty ones)
+        b0 = int(np.searchsorted(tb[1:], t0, "left"))
+        b1 = int(np.searchsorted(tb[:-1], t1, "right")) - 1
+        plans.append(RangePlan(t0, t1, b0, max(b0, b1), int(tb[b0]), total))
+    return plans
+
+
+def _bucket_rows(path: str, b0: int, b1: int) -> pa.Table:
+    """The rows of one part's sorted order file whose key falls in buckets b0..b1 (binary search in
+    the memory-mapped key column: only the rows asked for are read)."""
+    table = read_table(path)
+    keys = table.column("key")
+    keys = (keys.chunk(0) if keys.num_chunks == 1 else keys.combine_chunks()).to_numpy()
+    shift = 64 - ORDER_BITS
+    lo = int(np.searchsorted(keys, np.uint64(b0 << shift), "left"))
+    hi = len(keys) if b1 + 1 >= ORDER_BUCKETS else int(np.searchsorted(keys, np.uint64((b1 + 1) << shift), "left"))
+    return table.slice(lo, hi - lo)
+
+
+def range_group(order_files: list[str], remaps: list[Optional[np.ndarray]], plan: RangePlan, window: int) -> tuple[Group, int]:
+    """The `Group` of `plan_groups` for one range of the stream, and how many documents starting in
+    it a window boundary (or the final cut) splits (what `concat_stats` counts over the whole stream)."""
+    part, cols = [], []
+    for i, path in enumerate(order_files):
+        t = _bucket_rows(path, plan.b0, plan.b1)
+        if not t.num_rows:
+            continue
+        part.append(np.full(t.num_rows, i, np.int32))
+        gcode = t.column("gcode").to_numpy().astype(np.int32)
+        remap = remaps[i]
+        code = remap[gcode] if remap is not None and len(remap) else np.full(t.num_rows, -1, np.int32)
+        cols.append((t.column("key").to_numpy(), t.column("uid").to_numpy(), t.column("row").to_numpy(),
+                     t.column("n_tokens").to_numpy(), code))
+    if cols:
+        key, uid, row, lengths, code = (np.concatenate([c[k] for c in cols]) for k in range(5))
+        p = np.concatenate(part)
+    else:
+        key, uid, row, lengths, code, p = (np.empty(0, dt) for dt in (np.uint64, np.int64, np.int64, np.int64,
+                                                                      np.int32, np.int32))
+    o = np.lexsort((uid, key))
+    p, row, lengths, code = p[o], row[o].astype(np.int64), lengths[o].astype(np.int64), code[o].astype(np.int32)
+    ends = plan.base + np.cumsum(lengths)
+    starts = ends - lengths
+    d0, d1 = int(np.searchsorted(ends, plan.t0, "right")), int(np.searchsorted(starts, plan.t1, "left"))
+    s, e = starts[d0:d1], ends[d0:d1]
+    first, last = np.maximum(s, plan.t0), np.minimum(e, plan.t1)
+    group = Group(p[d0:d1], row[d0:d1], first - s, last - first, lengths[d0:d1], code[d0:d1])
+    cut = plan.total // window * window
+    mine = (starts >= plan.t0) & (starts < plan.t1)
+    inside = mine & (starts < cut) & ((ends > cut) | (starts // window != (ends - 1) // window))
+    return group, int(inside.sum())
+
+
+def pack_range(parts: list[str], order_files: list[str], remaps: list[Optional[np.ndarray]], plan: RangePlan,
+               window: int, remainder: str, pad_id: int, out_path: str) -> dict[str, Any]:
+    """A concat pack task of the range-partitioned order: its group, then `pack_group`; its stats
+    also count the documents it splits (`docs_split`)."""
+    group, split = range_group(order_files, remaps, plan, window)
+    stats = pack_group(parts, group, window, "concat", remainder, pad_id, out_path)
+    stats["docs_split"] = split
+    return stats

@@ -265,8 +265,50 @@ def gather_and_write(parts: list[str], counts: list[int], seed: int, start: int,
     slices = [inv[offsets[i]:offsets[i + 1]] for i in range(len(parts))]
     step = max(1, SHARD_CHUNK_BYTES // (4 * window * write_batch)) * write_batch
     chunks = (gather_positions(parts, slices, a, min(a + step, end), used, total, window) for a in range(start, end, step))
-    return {**write_mindrecord(chunks, path, window, write_batch, labels, verify, rows_total=end - start),
-            "task_seconds": time.perf_counter() - started}
+    out = write_mindrecord(chunks, path, window, write_batch, labels, verify, rows_total=end - start)
+    found = file_groups(parts, slices, start, end, used, total)
+    if found is not None:  # the file's share of the shards' composition: the driver only adds them up
+        out["sample_group"], out["group_tokens"] = found
+    return {**out, "task_seconds": time.perf_counter() - started}
+
+
+GROUP_COLUMNS = ("group", "groups", "group_tokens")  # what the pack step adds per window (stages.pack._with_groups)
+
+
+def file_groups(parts: list[str], slices: list[np.ndarray], start: int, end: int, used: int,
+                total: int) -> Optional[tuple[np.ndarray, dict[int, int]]]:
+    """Which (source, language) code fills each sample at positions start..end-1 (the one with most
+    ids; -1 for none) and the ids of each code in them, from the packed parts' group columns. None
+    when the parts carry no groups (packed in corpus order, or by an older run)."""
+    sample_group = np.full(end - start, -1, np.int32)
+    tokens: dict[int, int] = {}
+    repeat = used - total
+    for path, pos in zip(parts, slices):
+        table = read_table(path)
+        if not set(GROUP_COLUMNS) <= set(table.column_names):
+            return None
+        chosen = [np.flatnonzero((pos >= start) & (pos < end) & (pos < used))]
+        targets = [pos[chosen[0]]]
+        if repeat > 0:
+            again = np.flatnonzero((pos < repeat) & (pos + total >= start) & (pos + total < end))
+            chosen.append(again)
+            targets.append(pos[again] + total)
+        index, at = np.concatenate(chosen), np.concatenate(targets)
+        if not len(index):
+            continue
+        sample_group[at - start] = table.column("group").to_numpy()[index]
+        groups, group_tokens = table.column("groups").combine_chunks(), table.column("group_tokens").combine_chunks()
+        offsets = groups.offsets.to_numpy()
+        codes, ids = groups.values.to_numpy(), group_tokens.values.to_numpy()
+        counts = offsets[index + 1] - offsets[index]
+        pieces = np.repeat(offsets[index], counts) + (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
+        if len(pieces):
+            code = codes[pieces].astype(np.int64)
+            summed = np.zeros(int(code.max()) + 1, np.int64)
+            np.add.at(summed, code, ids[pieces].astype(np.int64))
+            for c in np.flatnonzero(summed):
+                tokens[int(c)] = tokens.get(int(c), 0) + int(summed[c])
+    return sample_group, tokens
 
 
 def count_samples(path: str) -> int:

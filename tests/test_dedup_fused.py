@@ -51,7 +51,8 @@ def test_hash_texts_reads_sliced_arrow_strings_like_hash_batch():
 def _part(path: Path, texts: list[str], first_uid: int = 0) -> str:
     n = len(texts)
     table = pa.table({"uid": np.arange(first_uid, first_uid + n, dtype=np.int64), "id": [f"d{i}" for i in range(n)],
-                      "text": texts, "source": ["s"] * n, "meta": [None] * n, "language": ["en"] * n}, schema=DOC_SCHEMA)
+                      "text": texts, "source": ["s"] * n, "meta": [None] * n, "language": ["en"] * n,
+                      "language_score": [None] * n}, schema=DOC_SCHEMA)
     pq.write_table(table, path)
     return str(path)
 
@@ -76,7 +77,8 @@ def test_one_signature_pass_gives_the_exact_hash_and_the_same_signatures(tmp_pat
 
 def test_arrow_removal_keeps_what_the_pandas_removal_keeps_and_returns_the_removed_texts():
     table = pa.table({"uid": np.arange(6, dtype=np.int64), "id": list("abcdef"), "text": TEXTS, "source": ["s"] * 6,
-                      "meta": [None] * 6, "language": ["en", "zh"] * 3}, schema=DOC_SCHEMA)
+                      "meta": [None] * 6, "language": ["en", "zh"] * 3,
+                      "language_score": [None] * 6}, schema=DOC_SCHEMA)
     drop = np.array([1, 3, 99], dtype=np.int64)
     result, texts = drop_uids_table(table, drop, None, excerpt_chars=5)
     ref = drop_uids_batch(table.to_pandas(), drop, None)

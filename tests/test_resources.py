@@ -74,3 +74,16 @@ def test_no_worker_peak_grows_with_the_corpus_past_one_partition():
         assert a.step == b.step and b.bytes <= 1.2 * a.bytes, (a, b)
     assert ten.fits()
 
+
+
+def test_the_driver_plans_no_corpus_sized_pack_order_for_concat():
+    """concat packs in a range-partitioned order (the driver keeps per-bucket totals only): its
+    driver peak is the same at 5 and 50 GiB; a mixture still orders the corpus in the driver."""
+    cfg = parse_config({"cluster": {"address": "tcp://x:1"}})
+    one, ten = (plan_resources(cfg, n * 5 * GiB, workers=2, worker_limit=4 * GiB) for n in (1, 10))
+    order = [next(p for p in plan.driver if p.step == "pack order") for plan in (one, ten)]
+    assert order[0].bytes == order[1].bytes
+    padded = parse_config({"cluster": {"address": "tcp://x:1"}, "pack": {"mode": "pad"}})
+    one, ten = (plan_resources(padded, n * 5 * GiB, workers=2, worker_limit=4 * GiB) for n in (1, 10))
+    assert [p.bytes for p in ten.driver if p.step == "pack order"][0] > [p.bytes for p in one.driver
+                                                                            if p.step == "pack order"][0]

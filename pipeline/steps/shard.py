@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 from dask import delayed
 
-from corpusmill.stages import composition, manifest, megatron, pack, shard
+from corpusmill.stages import manifest, megatron, pack, shard
 from corpusmill.stages.base import write_json_atomic, write_table_atomic, write_text_atomic
 
 from .. import __version__
@@ -100,8 +100,8 @@ class ShardStep(Step):
                 stats, files, plan, labels = {"windows_in": 0, "files": 0, "layout": sc.layout}, [], _NO_SAMPLES, False
             else:
                 parts = ctx.parts(self.reads)
-                stats, files, plan, labels, counts = self._write_mindrecord(ctx, parts, staging, sc, "shard")
-                mix = self._composition(ctx, parts, counts, plan, staging, sc.seed)
+                stats, files, plan, labels, found = self._write_mindrecord(ctx, parts, staging, sc, "shard")
+                mix = self._composition(ctx, found, plan, staging)
             pairs = None
             if sc.format != "mindrecord":  # the documents the pack step packs (split and mixture applied), whole
                 chosen = select_documents(ctx, ctx.parts("tokenize"), "shard: megatron")
@@ -145,8 +145,8 @@ class ShardStep(Step):
         try:
             mix, pairs = None, None
             if parts:
-                stats, files, plan, labels, counts = self._write_mindrecord(ctx, parts, staging, sc, "shard validation")
-                mix = self._composition(ctx, parts, counts, plan, staging, sc.seed)
+                stats, files, plan, labels, found = self._write_mindrecord(ctx, parts, staging, sc, "shard validation")
+                mix = self._composition(ctx, found, plan, staging)
             else:
                 stats, files, plan, labels = {"windows_in": 0, "files": 0, "layout": sc.layout}, [], _NO_SAMPLES, False
             if documents is not None:
@@ -160,8 +160,9 @@ class ShardStep(Step):
         return stats
 
     def _write_mindrecord(self, ctx: StepContext, parts: list[str], staging: Path, sc: ShardConfig,
-                          label: str) -> tuple[dict, list[dict], shard.ShardPlan, bool, list[int]]:
-        """The packed windows of `parts` shuffled into per-rank (or global) MindRecord files in `staging`."""
+                          label: str) -> tuple[dict, list[dict], shard.ShardPlan, bool, list]:
+        """The packed windows of `parts` shuffled into per-rank (or global) MindRecord files in `staging`;
+        also each file's (sample groups, ids per group), or None, for `_composition`."""
         window = ctx.cfg.pack.seq_length + 1
         labels = ctx.cfg.pack.mode != "concat"  # windows that can hold padding carry masked labels
         counts = [shard.count_windows(p) for p in parts]
@@ -183,6 +184,7 @@ class ShardStep(Step):
         written = ctx.run(tasks, f"{label}: shuffle + write + {sc.verify} check")
         write_s = time.perf_counter() - started
         task_seconds = sum(w.pop("task_seconds") for w in written)
+        found = [(w.pop("sample_group"), w.pop("group_tokens")) if "sample_group" in w else None for w in written]
         files = [{"path": name, "rank": plan.file_of(i)[0] if sc.layout == "per_rank" else None, **w}
                  for i, (name, w) in enumerate(zip(names, written))]
         self._check_balance(files, plan, sc)
@@ -194,18 +196,24 @@ class ShardStep(Step):
             "task_seconds": task_seconds,
             "payload_bytes_per_sample": window * 4 * (2 if labels else 1),
             "write_s": round(write_s, 3),
-        }, files, plan, labels, counts
+        }, files, plan, labels, found
 
-    def _composition(self, ctx: StepContext, parts: list[str], counts: list[int], plan: shard.ShardPlan,
-                     staging: Path, seed: int) -> Optional[dict]:
+    def _composition(self, ctx: StepContext, found: list, plan: shard.ShardPlan, staging: Path) -> Optional[dict]:
         """Tokens and samples per source and language in the shards (a sample counts for the group
         holding most of its ids), and `sample_groups.parquet`: each sample's group, by file and row.
-        None when the packed windows carry no groups."""
+        The write tasks counted them per file (`stages.shard.file_groups`); here they are only added
+        up, so the driver never reads the corpus's windows. None when the packed windows carry no groups."""
         names = ctx.stats(self.reads).get("group_names")
-        found = composition.shard_composition(parts, counts, seed, plan.used) if names else None
-        if found is None:
+        if not names or not found or any(f is None for f in found):
             return None
-        sample_group = found["sample_group"]
+        sample_group = np.concatenate([f[0] for f in found]).astype(np.int64)
+        n_codes = max(len(names), int(sample_group.max(initial=-1)) + 1, *(max(f[1], default=-1) + 1 for f in found))
+        tokens = np.zeros(n_codes, np.int64)
+        for _, by_code in found:
+            for c, n in by_code.items():
+                tokens[c] += n
+        samples = np.bincount(sample_group[sample_group >= 0], minlength=n_codes).astype(np.int64)
+        found = {"tokens": tokens, "samples": samples}
         bounds = np.asarray(plan.file_bounds, np.int64)
         pos = np.arange(plan.used, dtype=np.int64)
         file_of = np.searchsorted(bounds, pos, side="right") - 1

@@ -243,6 +243,8 @@ class PackStep(Step):
         """The corpus's documents in the seeded order, packed group by group (see the class). With
         `split.validation`, the held-out documents are packed apart into `validation/`."""
         parts = ctx.parts(self.reads)
+        if ctx.cfg.pack.mode == "concat" and not ctx.cfg.mix.sources:
+            return self._pack_ranges(ctx, folder, parts, window, pad_id)
         chosen = select_documents(ctx, parts, "pack")
         stats = self._pack_order(ctx, folder, parts, chosen.order, chosen.pairs, window, pad_id, "pack")
         if chosen.mixed is not None:
@@ -256,6 +258,81 @@ class PackStep(Step):
             v = stats["validation"]
             ctx.log(f"  pack: validation split {ctx.cfg.split.validation:g} (seed {ctx.cfg.split.seed}): {v['docs_in']} "
                     "documents held out" + (f", {v['tokens_in']} tokens -> {v['windows']} windows" if v["docs_in"] else ""))
+        return stats
+
+    def _pack_ranges(self, ctx: StepContext, folder: Path, parts: list[str], window: int, pad_id: int) -> dict:
+        """concat in the seeded order with no process holding the whole order (`stages.pack`,
+        "range-partitioned"): the index pass writes each part's documents sorted by key and returns
+        per-bucket totals; each pack task reads the buckets its range of the stream falls in. The
+        same groups, windows and bytes as `_pack_order` over the whole order (which the mixture,
+        pad and best_fit still use)."""
+        pc, share = ctx.cfg.pack, ctx.cfg.split.validation
+        order_dir = folder / ORDER_DIR
+        order_dir.mkdir(exist_ok=True)
+        tasks = [delayed(pack.order_index_part)(p, pc.seed, str(order_dir / f"{i:05d}"), share, ctx.cfg.split.seed,
+                                                dask_key_name=f"pack-order-index-{i}") for i, p in enumerate(parts)]
+        try:
+            found = ctx.run(tasks, "pack: document order (range-partitioned)")
+        except ValueError as e:
+            raise PipelineError(f"pack: {e}") from None
+        pairs = sorted({tuple(g) for x in found for g in (x["groups"] or [])})
+        where = {g: i for i, g in enumerate(pairs)}
+        remaps = [np.asarray([where[tuple(g)] for g in x["groups"]], np.int32) if x["groups"] is not None else None
+                  for x in found]
+        sets = {}
+        for name in pack.ORDER_SETS:
+            if found and name in found[0]["sets"]:
+                sets[name] = ([x["sets"][name]["path"] for x in found],
+                              sum(x["sets"][name]["docs"] for x in found), sum(x["sets"][name]["tokens"] for x in found))
+        del found
+        files, docs, tokens = sets.get("train", ([], np.zeros(1, np.int64), np.zeros(1, np.int64)))
+        if not int(docs.sum()):
+            raise PipelineError(f"pack: no document is left for training after holding out split.validation {share}")
+        stats = self._pack_range_set(ctx, folder, parts, files, remaps, docs, tokens, pairs, window, pad_id, "pack")
+        if "validation" in sets:
+            files, docs, tokens = sets["validation"]
+            val_folder = folder / VALIDATION
+            val_folder.mkdir()
+            stats["validation"] = self._pack_range_set(ctx, val_folder, parts, files, remaps, docs, tokens, pairs,
+                                                       window, pad_id, "pack validation") if int(docs.sum()) else {"docs_in": 0}
+            v = stats["validation"]
+            ctx.log(f"  pack: validation split {share:g} (seed {ctx.cfg.split.seed}): {v['docs_in']} documents held out"
+                    + (f", {v['tokens_in']} tokens -> {v['windows']} windows" if v["docs_in"] else ""))
+        shutil.rmtree(order_dir, ignore_errors=True)  # the sorted index files served the tasks only
+        return stats
+
+    def _pack_range_set(self, ctx: StepContext, folder: Path, parts: list[str], files: list[str], remaps: list,
+                        docs: np.ndarray, tokens: np.ndarray, pairs: list, window: int, pad_id: int, label: str) -> dict:
+        """One set (training or validation) of `_pack_ranges`: its stats as `_pack_order`'s."""
+        pc = ctx.cfg.pack
+        plans = pack.plan_ranges(tokens, window, PACK_GROUP_TOKENS)
+        n_docs, total = int(docs.sum()), int(tokens.sum())
+        width = max(5, len(str(len(plans))))
+        ctx.log(f"  {label}: {n_docs} documents of {len(parts)} parts in a seeded order (seed {pc.seed}, "
+                f"range-partitioned in {pack.ORDER_BUCKETS} key buckets) -> {len(plans)} groups of about "
+                f"{PACK_GROUP_TOKENS:,} ids")
+        names = [f"part-{i:0{width}d}.arrow" for i in range(len(plans))]
+        rel = [os.path.relpath(folder / name, ctx.rundir.folder(self.name)) for name in names]
+        results = ctx.run_parts([(r.replace(os.sep, "__"), delayed(_timed)(pack.pack_range, parts, files, remaps, plan,
+                                                                          window, pc.remainder, pad_id, str(folder / name),
+                                                                          dask_key_name=f"{label.replace(' ', '-')}-group-{i}"),
+                                  [r]) for i, (name, r, plan) in enumerate(zip(names, rel, plans))], f"{label}: gather + pack")
+        stats: dict = {"windows": 0, "tokens_dropped": 0, "pad_tokens": 0, "docs_split": 0, "docs_truncated": 0}
+        for r in results:
+            merge_stats(stats, r)
+        gathered = stats.pop("ids", 0)
+        stats.update(docs_in=n_docs, tokens_in=total)
+        if gathered != total:
+            raise PipelineError(f"{label}: gathered {gathered} ids of {total} tokenized")
+        stats.update(order_seed=pc.seed, groups=len(plans))
+        stats["tokens_kept"] = stats["tokens_in"] - stats["tokens_dropped"]
+        group_tokens, samples = stats.pop("group_tokens", {}), stats.pop("group_samples", {})
+        if pairs:
+            stats["by_group"] = {}
+            for c, (source, language) in enumerate(pairs):
+                stats["by_group"].setdefault(source, {})[language] = {"tokens": int(group_tokens.get(str(c), 0)),
+                                                                     "samples": int(samples.get(str(c), 0))}
+            stats["group_names"] = [list(p) for p in pairs]
         return stats
 
     def _pack_order(self, ctx: StepContext, folder: Path, parts: list[str], order: pack.DocumentOrder,
@@ -363,6 +440,7 @@ def _mix(ctx: StepContext, index: list[dict], codes: list[np.ndarray], pairs: li
     return out_index, out_codes, summary
 
 
+ORDER_DIR = "_order"  # the range-partitioned order's sorted index files, removed when the step ends
 PACK_GROUP_TOKENS = 1 << 24  # ids a pack task gathers (64 MiB of int32); decided in the driver, from totals only
 
 
