@@ -37,7 +37,7 @@ NOT_PATHS: set[tuple[str, ...]] = {
     ("dedup", "simhash", "unit"),
     ("tokenizer", "train", "model_type"), ("tokenizer", "train", "user_symbols"), ("tokenizer", "kind"),
     ("tokenizer", "bos_token"), ("tokenizer", "eos_token"), ("tokenizer", "pad_token"), ("tokenizer", "tiktoken_pattern"),
-    ("tokenizer", "tiktoken_special_tokens"), ("shard", "format"),
+    ("tokenizer", "tiktoken_special_tokens"), ("shard", "format"), ("shard", "megatron_split"),
     ("filter", "scripts", "keep"), ("filter", "language", "keep"), ("normalize", "chinese_convert"),
     *((("pii", kind, key)) for kind in ("email", "phone", "id_number", "bank_card", "ip") for key in ("action", "token")),
     ("pack", "mode"), ("pack", "remainder"), ("mix", "rest"),
