@@ -80,39 +80,3 @@ def window_groups(codes: np.ndarray, lengths: np.ndarray, window: int, n_windows
     first = order[np.r_[True, win[order][1:] != win[order][:-1]]]
     dominant[win[first]] = grp[first]
     return win, grp, tokens, dominant
-
-
-
-def shard_composition(parts: list[str], counts: list[int], seed: int, used: int) -> Optional[dict[str, np.ndarray]]:
-    """Which group fills each sample of the shards and how many ids each group has in them, from the
-    packed parts' `group`, `groups` and `group_tokens` columns and the shard step's seeded
-    permutation (`stages.shard.positions`; positions past the windows repeat the first ones).
-    None when the parts carry no groups (packed in corpus order, or from an older run)."""
-    from .base import read_table
-    from .shard import positions
-
-    tables = []
-    for p in parts:
-        table = read_table(p)
-        if not {"group", "groups", "group_tokens"} <= set(table.column_names):
-            return None
-        tables.append(table.select(["group", "groups", "group_tokens"]))
-    total = int(sum(counts))
-    if total == 0:
-        return None
-    dominant = np.concatenate([t.column("group").to_numpy().astype(np.int64) for t in tables])
-    lists = [t.column("groups").combine_chunks() for t in tables]
-    grp = np.concatenate([a.values.to_numpy().astype(np.int64) for a in lists])
-    tok = np.concatenate([t.column("group_tokens").combine_chunks().values.to_numpy().astype(np.int64) for t in tables])
-    per_window = np.concatenate([np.diff(a.offsets.to_numpy()) for a in lists])
-    inv = positions(total, seed)
-    perm = np.empty(total, np.int64)
-    perm[inv] = np.arange(total, dtype=np.int64)
-    window_at = perm[np.arange(used, dtype=np.int64) % total]  # positions >= total repeat positions 0..
-    times = np.bincount(window_at, minlength=total)  # how often each window is written (0, 1 or 2)
-    piece_times = np.repeat(times, per_window)
-    n_codes = int(max(grp.max(initial=-1), dominant.max(initial=-1))) + 1
-    tokens = np.bincount(grp, weights=tok * piece_times, minlength=n_codes).astype(np.int64)
-    sample_group = dominant[window_at]
-    samples = np.bincount(sample_group[sample_group >= 0], minlength=n_codes).astype(np.int64)
-    return {"sample_group": sample_group, "tokens": tokens, "samples": samples}
