@@ -223,7 +223,7 @@ class LanguageConfig(_Section):
                           "language_score columns, replacing the script heuristic's zh / en / other everywhere (the "
                           "filter's zh / non-zh rules (zh, ja, ko, wuu and yue get the character rules) and statistics, the composition by source and language, the "
                           "report, mix rules' language, the shards' sample groups); overrides' language match maps it "
-                          "to zh / en / other. Changing it (or max_chars) reads the input again.")
+                          "to zh / en / other. Changing it, max_chars or (with it on) any normalize option reads the input again.")
     keep: Optional[list[str]] = Field(
         None, description="Keep only documents in these languages, e.g. [zh, en] (null: keep every language); "
         "others are dropped with reason language.")
@@ -882,7 +882,8 @@ class Config(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
-_HASHED_WHEN_SET: dict[tuple[str, str], Any] = {("dedup", "reference"): [], ("dedup", "write_index"): False}
+_HASHED_WHEN_SET: dict[tuple[str, str], Any] = {("dedup", "reference"): [], ("dedup", "write_index"): False,
+                                                ("shard", "megatron_split"): "rank"}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -52,6 +52,8 @@ def identify(texts: list[str], max_chars: int = 2000) -> tuple[np.ndarray, np.nd
         if top:
             codes[i], probs[i] = top[0][1][9:], min(1.0, float(top[0][0]))  # "__label__zh" -> "zh"
     return codes, probs
+
+
 PREFIX_FACTOR = 4  # raw characters normalised per character the model reads (entities, spaces and controls shrink)
 
 

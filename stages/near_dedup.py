@@ -2,7 +2,7 @@
 
 The steps in pipeline/steps/dedup/ wire these with Dask: signatures per part, LSH/SimHash buckets
 through shuffles, connected components, then `choose_keepers` per cluster. Finding duplicates is kept
-apart from removing them (the removal reuses `exact_dedup.drop_uids_batch`).
+apart from removing them (one removal pass, `exact_dedup.drop_uids_table`, drops exact and near duplicates).
 """
 from __future__ import annotations
 

@@ -374,8 +374,11 @@ class PackStep(Step):
 class Selection:
     """Which tokenized documents a set of shards holds, in the seeded pack order: the training
     documents (the mixture's copies included), the held-out validation documents, and the codes'
-    (source, language) pairs. The pack step and the shard step's Megatron writer both choose through
-    `select_documents`, so MindRecord windows and Megatron pairs hold the same documents."""
+    (source, language) pairs. The shard step's Megatron writer and the pack step with a mixture, pad or
+    best_fit choose through `select_documents`; plain concat packs by key ranges
+    (`PackStep._pack_ranges`, `stages.pack.order_index_part`), which applies the same validation mask
+    and the same (key, uid) order without holding it in one process, so MindRecord windows and Megatron
+    pairs hold the same documents."""
 
     pairs: list
     order: pack.DocumentOrder
