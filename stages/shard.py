@@ -104,6 +104,19 @@ def _part_windows(path: str) -> Windows:
     return Windows(np.empty(0, np.int64), matrix, table.column("n_pad").to_numpy().astype(np.int32, copy=False))
 
 
+def _rows_in_range(pos: np.ndarray, start: int, end: int, used: int, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows of a part, their shuffle positions) for positions start..end-1, where positions
+    `total..used-1` (remainder "pad") repeat the windows at positions `0..used-total-1`."""
+    chosen = [np.flatnonzero((pos >= start) & (pos < end) & (pos < used))]
+    targets = [pos[chosen[0]]]
+    repeat = used - total
+    if repeat > 0:
+        again = np.flatnonzero((pos < repeat) & (pos + total >= start) & (pos + total < end))
+        chosen.append(again)
+        targets.append(pos[again] + total)
+    return np.concatenate(chosen), np.concatenate(targets)
+
+
 def gather_positions(parts: list[str], slices: list[np.ndarray], start: int, end: int, used: int, total: int,
                      window: int) -> Windows:
     """The windows at shuffle positions start..end-1, in position order. `slices[i][j]` is the
@@ -112,15 +125,8 @@ def gather_positions(parts: list[str], slices: list[np.ndarray], start: int, end
     its own rows: the global shuffle costs one copy per window and no shuffle round."""
     out = Windows(np.full(end - start, -1, np.int64), np.empty((end - start, window), np.int32),
                   np.zeros(end - start, np.int32))
-    repeat = used - total
     for path, pos in zip(parts, slices):
-        chosen = [np.flatnonzero((pos >= start) & (pos < end) & (pos < used))]
-        targets = [pos[chosen[0]]]
-        if repeat > 0:
-            again = np.flatnonzero((pos < repeat) & (pos + total >= start) & (pos + total < end))
-            chosen.append(again)
-            targets.append(pos[again] + total)
-        index, at = np.concatenate(chosen), np.concatenate(targets)
+        index, at = _rows_in_range(pos, start, end, used, total)
         if not len(index):
             continue
         part = _part_windows(path)
@@ -282,18 +288,11 @@ def file_groups(parts: list[str], slices: list[np.ndarray], start: int, end: int
     when the parts carry no groups (packed in corpus order, or by an older run)."""
     sample_group = np.full(end - start, -1, np.int32)
     tokens: dict[int, int] = {}
-    repeat = used - total
     for path, pos in zip(parts, slices):
         table = read_table(path)
         if not set(GROUP_COLUMNS) <= set(table.column_names):
             return None
-        chosen = [np.flatnonzero((pos >= start) & (pos < end) & (pos < used))]
-        targets = [pos[chosen[0]]]
-        if repeat > 0:
-            again = np.flatnonzero((pos < repeat) & (pos + total >= start) & (pos + total < end))
-            chosen.append(again)
-            targets.append(pos[again] + total)
-        index, at = np.concatenate(chosen), np.concatenate(targets)
+        index, at = _rows_in_range(pos, start, end, used, total)
         if not len(index):
             continue
         sample_group[at - start] = table.column("group").to_numpy()[index]
