@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timezone
@@ -19,20 +20,14 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import _tree_cpu  # noqa: E402  (the same process-tree CPU reading as bench/measure.py)
+
 
 def _sample(proc: psutil.Popen, samples: list, stop: threading.Event) -> None:
     seen: dict[int, float] = {}
     while not stop.is_set():
-        try:
-            procs = [proc] + proc.children(recursive=True)
-        except psutil.NoSuchProcess:
-            break
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                seen[p.pid] = t.user + t.system
-            except psutil.NoSuchProcess:
-                continue
+        _tree_cpu(proc, seen)
         samples.append((time.time(), sum(seen.values())))
         stop.wait(0.5)
 
