@@ -12,6 +12,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from .sketch import decode_utf8
+
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
@@ -32,19 +34,7 @@ def char_classes(data: np.ndarray, offsets: np.ndarray, cls_table: np.ndarray, t
         run = 0
         best = 0
         while i < end:
-            c = np.int64(data[i])
-            if c < 0x80:
-                i += 1
-            elif c < 0xE0:
-                c = ((c & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
-                i += 2
-            elif c < 0xF0:
-                c = ((c & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
-                i += 3
-            else:
-                c = (((c & 0x07) << 18) | ((np.int64(data[i + 1]) & 0x3F) << 12) | ((np.int64(data[i + 2]) & 0x3F) << 6)
-                     | (np.int64(data[i + 3]) & 0x3F))
-                i += 4
+            c, i = decode_utf8(data, i)
             k = np.int64(cls_table[c])
             counts[d, k] += 1
             t = ts_table[c]
@@ -233,19 +223,7 @@ def text_counts(data: np.ndarray, offsets: np.ndarray, flags: np.ndarray, lowmap
         tok_alpha = False
         while True:
             if i < end:
-                c = np.int64(data[i])
-                if c < 0x80:
-                    i += 1
-                elif c < 0xE0:
-                    c = ((c & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
-                    i += 2
-                elif c < 0xF0:
-                    c = ((c & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
-                    i += 3
-                else:
-                    c = (((c & 0x07) << 18) | ((np.int64(data[i + 1]) & 0x3F) << 12)
-                         | ((np.int64(data[i + 2]) & 0x3F) << 6) | (np.int64(data[i + 3]) & 0x3F))
-                    i += 4
+                c, i = decode_utf8(data, i)
                 f = flags[c]
             else:
                 c = -1
@@ -340,19 +318,7 @@ def split_words(data: np.ndarray, offsets: np.ndarray, docs: np.ndarray, sep: np
         in_word = False
         while i < end:
             start = i
-            c = np.int64(data[i])
-            if c < 0x80:
-                i += 1
-            elif c < 0xE0:
-                c = ((c & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
-                i += 2
-            elif c < 0xF0:
-                c = ((c & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
-                i += 3
-            else:
-                c = (((c & 0x07) << 18) | ((np.int64(data[i + 1]) & 0x3F) << 12)
-                     | ((np.int64(data[i + 2]) & 0x3F) << 6) | (np.int64(data[i + 3]) & 0x3F))
-                i += 4
+            c, i = decode_utf8(data, i)
             if sep[c]:
                 if in_word:
                     w += 1
