@@ -162,6 +162,27 @@ def simhash(hashes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return out
 
 
+@nb.njit(inline="always")
+def _sorted_jaccard(x, y):
+    """Jaccard of the distinct values of two sorted arrays, by one merge; 1.0 when both are empty."""
+    i = j = inter = union = 0
+    while i < len(x) or j < len(y):
+        if j == len(y) or (i < len(x) and x[i] < y[j]):
+            v = x[i]
+        else:
+            v = y[j]
+        in_x = i < len(x) and x[i] == v
+        in_y = j < len(y) and y[j] == v
+        union += 1
+        if in_x and in_y:
+            inter += 1
+        while i < len(x) and x[i] == v:
+            i += 1
+        while j < len(y) and y[j] == v:
+            j += 1
+    return inter / union if union > 0 else 1.0
+
+
 @nb.njit(cache=True, nogil=True)
 def pair_jaccard(hashes_a: np.ndarray, offsets_a: np.ndarray, hashes_b: np.ndarray, offsets_b: np.ndarray) -> np.ndarray:
     """Jaccard of the hash sets of row-aligned documents (pair i: a's document i and b's document i):
@@ -172,22 +193,7 @@ def pair_jaccard(hashes_a: np.ndarray, offsets_a: np.ndarray, hashes_b: np.ndarr
     for p in range(n):
         x = np.sort(hashes_a[offsets_a[p]:offsets_a[p + 1]])
         y = np.sort(hashes_b[offsets_b[p]:offsets_b[p + 1]])
-        i = j = inter = union = 0
-        while i < len(x) or j < len(y):
-            if j == len(y) or (i < len(x) and x[i] < y[j]):
-                v = x[i]
-            else:
-                v = y[j]
-            in_x = i < len(x) and x[i] == v
-            in_y = j < len(y) and y[j] == v
-            union += 1
-            if in_x and in_y:
-                inter += 1
-            while i < len(x) and x[i] == v:
-                i += 1
-            while j < len(y) and y[j] == v:
-                j += 1
-        out[p] = inter / union if union > 0 else 1.0
+        out[p] = _sorted_jaccard(x, y)
     return out
 
 
@@ -202,20 +208,5 @@ def pair_jaccard_indexed(hashes: np.ndarray, offsets: np.ndarray, ia: np.ndarray
     for p in range(len(ia)):
         x = srt[offsets[ia[p]]:offsets[ia[p] + 1]]
         y = srt[offsets[ib[p]]:offsets[ib[p] + 1]]
-        i = j = inter = union = 0
-        while i < len(x) or j < len(y):
-            if j == len(y) or (i < len(x) and x[i] < y[j]):
-                v = x[i]
-            else:
-                v = y[j]
-            in_x = i < len(x) and x[i] == v
-            in_y = j < len(y) and y[j] == v
-            union += 1
-            if in_x and in_y:
-                inter += 1
-            while i < len(x) and x[i] == v:
-                i += 1
-            while j < len(y) and y[j] == v:
-                j += 1
-        out[p] = inter / union if union > 0 else 1.0
+        out[p] = _sorted_jaccard(x, y)
     return out
