@@ -10,6 +10,7 @@ from .step import Step
 from .steps.dedup.exact import ExactDedupStep
 from .steps.dedup.near import NearDedupStep
 from .steps.dedup.reference import DedupIndexStep, ReferenceDedupStep
+from .steps.dedup.signatures import read_spec
 from .steps.decontaminate import DecontaminateStep
 from .steps.export import ExportStep
 from .steps.filter import FilterStep, NormalizeStep
@@ -50,7 +51,8 @@ def build_plan(cfg: Config, job: str) -> Plan:
     dedup: read, dedup, export (the original text is kept; dedup normalises only for hashing)."""
     if job not in JOBS:
         raise ValueError(f"unknown job {job!r}")
-    steps: list[Step] = [ReadStep()]
+    # a dedup job signs each part as it reads it (its first dedup step takes those signatures)
+    steps: list[Step] = [ReadStep(read_spec(cfg, cfg.normalize.model_dump()) if job == "dedup" else None)]
     if job == "run":
         steps += [NormalizeStep(reads="read"), FilterStep(reads="normalize")]
         if cfg.pii.enabled:

@@ -101,16 +101,16 @@ def _read_scores(scores_dir: str, columns: list[str]):
 def score_plots(extra: dict) -> list[tuple[str, str]]:
     """(caption, base64 PNG) per scored rule: histograms for Chinese and other documents, the
     threshold as a red line, the share of scored documents on the failing side in the caption."""
+    flt = extra.get("filter") or {}
+    rules, scores_dir = flt.get("rules") or {}, flt.get("scores_dir")
+    if not rules or not scores_dir or not Path(scores_dir).is_dir():
+        return []  # before importing matplotlib: a second of the driver's CPU in a job without a filter (dedup)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    flt = extra.get("filter") or {}
-    rules, scores_dir = flt.get("rules") or {}, flt.get("scores_dir")
-    if not rules or not scores_dir or not Path(scores_dir).is_dir():
-        return []
     by_column: dict[str, list[tuple[str, dict]]] = {}
     for r in rules:
         by_column.setdefault(r["column"], []).append((r["reason"], r))

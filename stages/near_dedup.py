@@ -10,7 +10,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from . import exact_dedup, minhash, simhash, sketch
 from .base import REMOVED_META, write_table_atomic
-from .normalize import fold_whitespace_array, normalize_array
+from .normalize import normalize_array
 from .shingles import ShingleSpec, same_components, shingle_hashes, shingle_hashes_multi
 
 
@@ -54,6 +54,14 @@ def signature_part(in_path: str, out_path: str, spec: SignatureSpec, exclude: Op
         uid = table.column("uid").to_numpy()
         pos = np.searchsorted(exclude, uid).clip(max=len(exclude) - 1)
         table = table.filter(pa.array(exclude[pos] != uid))
+    return signature_table(table, out_path, spec)
+
+
+def signature_table(table: pa.Table, out_path: str, spec: SignatureSpec) -> dict:
+    """`signature_part` of documents already in memory (uid, id, source, text; meta with a keep field;
+    language with `spec.exact`): the reader of a dedup job signs each part it has just written
+    without reading it back (`read_and_sign_unit`)."""
+    has_language = "language" in table.column_names
     raw = table.column("text").combine_chunks()
     texts = raw
     if spec.normalize is not None:
@@ -104,6 +112,27 @@ def signature_part(in_path: str, out_path: str, spec: SignatureSpec, exclude: Op
     return stats
 
 
+SIGNATURES = "signatures"  # the folder beside a dedup job's read parts holding their signatures
+
+
+def read_and_sign_unit(unit: Any, opts: Any, out_dir: str, spec: SignatureSpec) -> dict:
+    """`read.read_unit` that also signs every part while it is in memory (`signature_table` into
+    out_dir/signatures/, named as the part): the dedup job's first pass, so the text is parsed,
+    written once and never read back before the removal. Its result lists both as `files`."""
+    from . import read
+
+    sig_dir = Path(out_dir) / SIGNATURES
+
+    def sign(table: pa.Table, name: str) -> list[str]:
+        signature_table(table, str(sig_dir / name), spec)
+        return [f"{SIGNATURES}/{name}"]
+
+    writer = read.PartHookWriter(Path(out_dir), unit.index, opts.part_size, opts.cjk_share, opts.language, sign)
+    result = read.read_unit(unit, opts, out_dir, writer=writer)
+    result["files"] = list(result["parts"]) + writer.files
+    return result
+
+
 def _exact_text(raw: pa.Array, unfolded: pa.Array, normalize: Optional[dict]) -> pa.Array:
     """The text exact dedup hashes (`normalize_array(raw, **normalize)`), from the unfolded
     normalisation already made for shingling when folding is the last pass (no Chinese conversion
@@ -114,7 +143,7 @@ def _exact_text(raw: pa.Array, unfolded: pa.Array, normalize: Optional[dict]) ->
         return unfolded
     if normalize.get("chinese_convert"):
         return normalize_array(raw, **normalize)
-    return fold_whitespace_array(unfolded)
+    return exact_dedup.fold_whitespace(unfolded)
 
 
 SLICE_BYTES = 8 << 20

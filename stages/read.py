@@ -968,13 +968,14 @@ _READERS = {"jsonl": _read_jsonl, "jsonl.gz": _read_jsonl, "jsonl.zst": _read_js
             "warc": _read_warc, "warc.gz": _read_warc, "html": _read_html, "htm": _read_html}
 
 
-def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str) -> dict:
+def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str, writer: Optional[_PartWriter] = None) -> dict:
     """Read one unit into `out_dir/part-*.parquet`; returns stats and the quarantine records.
 
     stats: docs_in = docs_out + quarantined (documents); `quarantine_reasons` counts documents by
-    code; `lost_input` counts the damaged files whose rest could not be read (no documents)."""
+    code; `lost_input` counts the damaged files whose rest could not be read (no documents).
+    `writer`: a `PartHookWriter` made for this unit (the dedup job's reader), else a plain one."""
     started = time.perf_counter()
-    writer = _PartWriter(Path(out_dir), unit.index, opts.part_size, opts.cjk_share, opts.language)
+    writer = writer or _PartWriter(Path(out_dir), unit.index, opts.part_size, opts.cjk_share, opts.language)
     sink = _Sink(opts.on_error == "fail")
     stats: dict[str, Any] = {"docs_in": 0, "blank_lines": 0, "bytes_in": 0, "files": 0, "not_sampled": 0}
     for seg in unit.segments:
@@ -1000,3 +1001,58 @@ def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str) -> dict:
     stats["by_group"] = writer.groups
     stats["task_seconds"] = time.perf_counter() - started
     return {"stats": stats, "quarantine": q, "parts": writer.parts}
+
+
+# ---- the dedup job's reader: each part handed on while it is in memory ---------------------------
+
+def script_language_arrow(texts: pa.Array, cjk_share: float = 0.3) -> list:
+    """`quality.script_language` (the same zh / en / other), counted by the compiled character-class
+    loop straight from the Arrow UTF-8 buffer instead of a UTF-32 copy and a bincount per batch."""
+    import numpy as np
+
+    from . import quality, quality_loops
+    from .shingles import utf8_buffers
+
+    if len(texts) == 0:
+        return []
+    cls_table, ts_table = quality._class_tables()
+    data, offsets = utf8_buffers(texts)
+    counts = quality_loops.char_classes(data, offsets, cls_table, ts_table, quality.N_CLASSES, quality.C_HAN,
+                                        quality.C_OTHER_LETTER)[0]
+    letters = np.maximum(counts[:, quality.C_HAN:quality.C_OTHER_LETTER + 1].sum(axis=1), 1)
+    cjk = counts[:, quality.C_HAN] + counts[:, quality.C_KANA] + counts[:, quality.C_HANGUL]
+    return np.where(cjk / letters >= cjk_share, "zh", np.where(counts[:, quality.C_LATIN] / letters >= 0.5, "en", "other")).tolist()
+
+
+class PartHookWriter(_PartWriter):
+    """A `_PartWriter` that hands every part it writes, as the Arrow table, to `on_part(table, name)`
+    (the dedup job signs it there without reading it back), with the script language counted from
+    the Arrow buffer. Its parts are the same bytes as `_PartWriter`'s."""
+
+    def __init__(self, out_dir: Path, unit_index: int, part_size: int, cjk_share: float, language: Optional[dict],
+                 on_part: Any) -> None:
+        super().__init__(out_dir, unit_index, part_size, cjk_share, language)
+        self.on_part = on_part
+        self.files: list[str] = []  # what on_part wrote, relative to out_dir
+
+    def flush(self) -> None:
+        if not self.cols["uid"] or self.language is not None:  # the model's column: as the plain writer does
+            n = len(self.parts)
+            super().flush()
+            if len(self.parts) > n:
+                self.files += self.on_part(pq.read_table(self.out_dir / self.parts[-1]), self.parts[-1])
+            return
+        import pyarrow.compute as pc
+
+        name = f"part-{self.unit_index:05d}-{len(self.parts):03d}.parquet"
+        texts = pa.array(self.cols["text"], pa.string())
+        self.cols["text"] = texts
+        self.cols["language"] = script_language_arrow(texts, self.cjk_share)
+        merge_stats(self.groups, group_counts(self.cols["source"], self.cols["language"],
+                                              chars=pc.utf8_length(texts).to_numpy()))
+        table = pa.Table.from_pydict(self.cols, schema=DOC_SCHEMA)
+        write_table_atomic(table, self.out_dir / name)
+        self.parts.append(name)
+        self.cols = {name: [] for name in DOC_SCHEMA.names}
+        self.bytes = 0
+        self.files += self.on_part(table, name)

@@ -25,9 +25,11 @@ class ReadStep(DocumentStep):
     counters = ("docs_in", "docs_out", "removed", "quarantined", "input_files")
     outputs = {"quarantine_examples": list}
 
-    def __init__(self) -> None:
+    def __init__(self, signature_spec: Any = None) -> None:
         super().__init__(reads=None)
         self.files: list[str] = []
+        # the dedup job (the plan sets it): each part is signed while in memory, for the first dedup step
+        self.signature_spec = signature_spec
 
     def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
         """The input files themselves: name, size and mtime (expanded here, before any work, so a
@@ -55,8 +57,11 @@ class ReadStep(DocumentStep):
         opts = read.ReadOptions(ic.text_field, ic.id_field, ic.source_field, int(ic.part_size_mb * 2**20),
                                 sample=ic.sample, sample_seed=ic.sample_seed, on_error=ic.on_error,
                                 cjk_share=ctx.cfg.filter.scripts.cjk_share, language=read_language(ctx.cfg))
-        results = ctx.run_parts([(f"unit-{u.index:05d}", delayed(_read_unit)(u, opts, str(folder)), None) for u in units],
-                                "read")
+        if self.signature_spec is None:
+            results = ctx.run_parts([(f"unit-{u.index:05d}", delayed(_read_unit)(u, opts, str(folder)), None)
+                                     for u in units], "read")
+        else:
+            results = _read_and_sign(ctx, units, opts, folder, self.signature_spec)
         stats: dict = {}
         with atomic_file(folder / QUARANTINE_FILE) as q:
             for r in results:
@@ -91,3 +96,17 @@ def _read_unit(unit: Any, opts: Any, out_dir: str) -> dict:
     result = read.read_unit(unit, opts, out_dir)
     result["files"] = list(result["parts"])
     return result
+
+
+def _read_and_sign(ctx: StepContext, units: list, opts: Any, folder: Path, spec: Any) -> list[dict]:
+    """The dedup job's read tasks: `near_dedup.read_and_sign_unit` (the parts and their signatures,
+    FOLDER/signatures/, which the first dedup step takes instead of reading the parts back)."""
+    from corpusmill.stages.near_dedup import SIGNATURES, read_and_sign_unit
+
+    from .dedup import signatures
+
+    fingerprint = signatures.full_spec_json(spec)  # a resumed task made with other dedup settings reruns
+    results = ctx.run_parts([(f"unit-{u.index:05d}", delayed(read_and_sign_unit)(u, opts, str(folder), spec), None)
+                             for u in units], "read (and dedup signatures)", fingerprint)
+    signatures.mark(folder / SIGNATURES, spec)
+    return results

@@ -43,11 +43,16 @@ class ExactDedupStep(removal.DedupStep):
         # near dedup follows (and does not take its signatures from reference_dedup): make them in this pass
         near = (dc.minhash.enabled or dc.simhash.enabled) and not (dc.reference and dc.minhash.enabled)
         spec = signatures.signature_spec(ctx.cfg, self.normalize_opts, exact=True, near=near)
-        sig_dir = folder / "signatures"
-        label = "exact_dedup: hashes" + (" and near-duplicate signatures (one pass)" if near else "")
-        results = signatures.compute(ctx, parts, sig_dir, spec, label)
-        sig_files = [str(sig_dir / Path(p).name) for p in parts]
-        n_docs = sum(r["docs"] for r in results)
+        sig_dir = ctx.rundir.folder(self.reads) / near_dedup.SIGNATURES
+        if self.reads == "read" and signatures.reusable(sig_dir, spec, parts, full=True):
+            sig_files = [str(sig_dir / Path(p).name) for p in parts]  # the read step signed its parts
+            n_docs = sum(pq.read_metadata(f).num_rows for f in sig_files)
+        else:
+            sig_dir = folder / "signatures"
+            label = "exact_dedup: hashes" + (" and near-duplicate signatures (one pass)" if near else "")
+            results = signatures.compute(ctx, parts, sig_dir, spec, label)
+            sig_files = [str(sig_dir / Path(p).name) for p in parts]
+            n_docs = sum(r["docs"] for r in results)
         if n_docs * ROW_BYTES <= dc.components_memory_mb << 20:
             removed = find_duplicates_in_memory(sig_files)
             if len(removed):

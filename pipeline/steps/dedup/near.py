@@ -47,16 +47,16 @@ class NearDedupStep(removal.DedupStep):
 
     def _from_exact(self, ctx: StepContext, parts: list[str], sig_paths: list[str],
                     spec: near_dedup.SignatureSpec, exclude: Any) -> Optional[list]:
-        """This run's exact dedup step made the signatures in its pass (when it reads what this step's
-        input came from, with the same settings): take the rows of the documents it kept. None when
-        it did not."""
-        if self.reads != "exact_dedup":
-            return None
-        folder = ctx.rundir.folder("exact_dedup") / "signatures"
-        if not signatures.reusable(folder, spec, parts):
+        """This run's exact dedup step made the signatures in its pass, or the read step of a dedup job
+        as it read the parts (when they are of the parts this step's input came from, with the same
+        settings): take the rows of the documents exact dedup kept. None when neither did."""
+        owners = (["exact_dedup"] if self.reads == "exact_dedup" else []) + (["read"] if (self.parts_from or self.reads) == "read" else [])
+        folders = [ctx.rundir.folder(o) / "signatures" for o in owners]
+        folder = next((f for f in folders if signatures.reusable(f, spec, parts)), None)
+        if folder is None:
             return None
         return ctx.run([delayed(reference.filter_signatures)(str(folder / Path(p).name), p, o, exclude)
-                        for p, o in zip(parts, sig_paths)], "near_dedup: signatures (from exact_dedup's pass)")
+                        for p, o in zip(parts, sig_paths)], "near_dedup: signatures (from the " + folder.parent.name + " pass)")
 
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         dc = ctx.cfg.dedup

@@ -20,6 +20,7 @@ from ...config import Config
 from ...step import StepContext
 
 SPEC_FILE = "_spec.json"
+FULL_SPEC_FILE = "_spec_full.json"  # the whole spec, exact hash included (the read step's signatures)
 
 
 def signature_spec(cfg: Config, normalize_opts: Optional[dict], exact: bool = False,
@@ -46,6 +47,28 @@ def _spec_json(spec: near_dedup.SignatureSpec) -> str:
     return json.dumps(dataclasses.asdict(spec.near()), sort_keys=True)
 
 
+def full_spec_json(spec: near_dedup.SignatureSpec) -> str:
+    """The spec with its exact flag: the read step's task fingerprint and the marker exact dedup checks."""
+    return json.dumps(dataclasses.asdict(spec), sort_keys=True)
+
+
+def read_spec(cfg: Config, normalize_opts: Optional[dict]) -> Optional[near_dedup.SignatureSpec]:
+    """What a dedup job's read step signs each part with while it is in memory: the first dedup step's
+    spec when that step reads the read step's parts (no reference_dedup between them), else None."""
+    dc = cfg.dedup
+    near = dc.minhash.enabled or dc.simhash.enabled
+    if dc.reference or not (dc.exact or near):
+        return None
+    return signature_spec(cfg, normalize_opts, exact=dc.exact, near=near)
+
+
+def mark(folder: Path, spec: near_dedup.SignatureSpec) -> None:
+    """Say, beside signatures made elsewhere (the read step), which spec made them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(folder / FULL_SPEC_FILE, full_spec_json(spec))
+    write_text_atomic(folder / SPEC_FILE, _spec_json(spec))
+
+
 def compute(ctx: StepContext, parts: list[str], folder: Path, spec: near_dedup.SignatureSpec, label: str,
             exclude: Any = None) -> list[dict]:
     """`near_dedup.signature_part` of every part into `folder` (named as the parts), one task each,
@@ -58,10 +81,11 @@ def compute(ctx: StepContext, parts: list[str], folder: Path, spec: near_dedup.S
     return results
 
 
-def reusable(folder: Path, spec: near_dedup.SignatureSpec, parts: list[str]) -> bool:
-    """True when `folder` holds signatures made with `spec`'s near settings for every one of `parts`
-    (by name: a dedup step writes its parts under its input's names)."""
-    marker = folder / SPEC_FILE
-    if not marker.is_file() or marker.read_text() != _spec_json(spec):
+def reusable(folder: Path, spec: near_dedup.SignatureSpec, parts: list[str], full: bool = False) -> bool:
+    """True when `folder` holds signatures made with `spec`'s near settings (`full`: the whole spec,
+    the exact hash included) for every one of `parts` (by name: a dedup step writes its parts under
+    its input's names)."""
+    marker = folder / (FULL_SPEC_FILE if full else SPEC_FILE)
+    if not marker.is_file() or marker.read_text() != (full_spec_json(spec) if full else _spec_json(spec)):
         return False
     return all((folder / Path(p).name).is_file() for p in parts)
