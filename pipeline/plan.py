@@ -62,12 +62,16 @@ def build_plan(cfg: Config, job: str) -> Plan:
         steps.append(ReferenceDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts))
     exact_reads = steps[-1].name if cfg.dedup.exact else None
     near = cfg.dedup.minhash.enabled or cfg.dedup.simhash.enabled
+    # a dedup job without an index writes the kept text once: its dedup steps only find, and the
+    # export drops what they found from exact dedup's input parts as it writes kept/
+    to_export = job == "dedup" and cfg.dedup.exact and not cfg.dedup.write_index
     if cfg.dedup.exact:  # followed by near dedup, exact only finds: near's one removal pass drops both
-        steps.append(ExactDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts, defer_removal=near))
+        steps.append(ExactDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts, defer_removal=near or to_export))
     near_reads = None
     if near:
         near_reads = exact_reads or steps[-1].name  # the parts its documents are in
-        steps.append(NearDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts, parts_from=exact_reads))
+        steps.append(NearDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts, parts_from=exact_reads,
+                                   defer_removal=to_export))
     if job == "run" and cfg.decontaminate.sets:
         steps.append(DecontaminateStep(reads=steps[-1].name))
     last_documents = steps[-1].name
@@ -75,7 +79,7 @@ def build_plan(cfg: Config, job: str) -> Plan:
         steps.append(DedupIndexStep(reads=last_documents, exact_reads=exact_reads, near_reads=near_reads,
                                     normalize_opts=normalize_opts))
     if job == "dedup":
-        return Plan(job, steps + [ExportStep(reads=last_documents)], train=False)
+        return Plan(job, steps + [ExportStep(reads=last_documents, parts_from=exact_reads if to_export else None)], train=False)
     if cfg.shard.format == "megatron":  # whole documents: Megatron's loader packs at train time
         steps += [TokenizeStep(reads=last_documents), ShardStep(reads="tokenize")]
     else:

@@ -8,17 +8,19 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from dask import delayed
 
-from corpusmill.stages.base import write_json_atomic, write_table_atomic, write_text_atomic
+from corpusmill.stages.base import excerpt, write_json_atomic, write_table_atomic, write_text_atomic
 
 from ..rundir import EXPORT_KEPT, EXPORT_REMOVED
 from ..step import Step, StepContext, StepResult
 
 DEDUP_STEPS = ("reference_dedup", "exact_dedup", "near_dedup")
+DEFERRED_STEPS = ("exact_dedup", "near_dedup")  # the steps whose removal a dedup job leaves to the export
 
 
 class ExportStep(Step):
@@ -26,19 +28,33 @@ class ExportStep(Step):
     resumable = False  # no folder of its own: always rewritten from the last document step
     counters = ("kept_files", "removed_files")
 
+    def __init__(self, reads: str, parts_from: Optional[str] = None):
+        super().__init__(reads)
+        # the dedup steps left their removal to this pass (the plan sets it): the kept documents are the
+        # parts of `parts_from` less every document exact and near dedup removed, written once, straight
+        # to the export format, and the audit rows get the removed texts in the same pass
+        self.parts_from = parts_from
+
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         """A Parquet export decides each field's column type over all parts first."""
+        from .dedup.removal import removed_uids
+
         kept_dir, removed_dir = ctx.rundir.file(EXPORT_KEPT), ctx.rundir.file(EXPORT_REMOVED)
         for d in (kept_dir, removed_dir):
             if d.exists():
                 shutil.rmtree(d)
         kept_dir.mkdir(parents=True)
-        parts = ctx.parts(self.reads)
+        parts = ctx.parts(self.parts_from or self.reads)
         ic, fmt = ctx.cfg.input, ctx.export_format
+        drop: Any = None
+        audit = [f for step in DEFERRED_STEPS for f in ctx.rundir.removed_files(step)] if self.parts_from else []
+        if self.parts_from:
+            found = removed_uids(audit)
+            drop = ctx.broadcast(found) if len(found) else None
         field_types = None
         if fmt == "parquet":
             kinds: dict[str, set] = {}
-            for part_kinds in ctx.run([delayed(kept_field_kinds)(p) for p in parts], "export: field types"):
+            for part_kinds in ctx.run([delayed(kept_field_kinds)(p, drop) for p in parts], "export: field types"):
                 for name, k in part_kinds.items():
                     kinds.setdefault(name, set()).update(k)
             field_types = kept_field_types(kinds)
@@ -46,8 +62,18 @@ class ExportStep(Step):
             if as_json:
                 ctx.log(f"  export: fields whose type changes between documents are kept as JSON text: {', '.join(as_json)}")
             write_json_atomic(kept_dir / "_fields.json", field_types)
-        ctx.run([delayed(export_kept_part)(p, str(kept_dir), fmt, ic.text_field, ic.id_field, ic.source_field, field_types)
-                 for p in parts], "export kept")
+        chars = ctx.cfg.dedup.audit_text_chars if audit else 0
+        results = ctx.run([delayed(export_kept_part)(p, str(kept_dir), fmt, ic.text_field, ic.id_field, ic.source_field,
+                                                     field_types, drop, chars) for p in parts],
+                          "export kept" + (" (the dedup steps' one removal pass)" if self.parts_from else ""))
+        if chars != 0 and audit and drop is not None:
+            from ..executor import attach_removed_text
+
+            texts: dict = {}
+            for r in results:
+                texts.update(r[1])
+            for f in audit:
+                attach_removed_text(f, texts)
         removed_dir.mkdir(parents=True)
         n = 0
         for step in DEDUP_STEPS:
@@ -84,11 +110,22 @@ def _json_kind(value: Any) -> str:
     return "list" if isinstance(value, list) else "dict"
 
 
-def kept_field_kinds(path: str) -> dict[str, list[str]]:
+def _kept_rows(table: pa.Table, drop_sorted: Optional[np.ndarray]) -> np.ndarray:
+    """Which rows of a part are kept: those whose uid is not in `drop_sorted` (None: every row)."""
+    uids = table.column("uid").to_numpy()
+    if drop_sorted is None or not len(drop_sorted) or not len(uids):
+        return np.ones(len(uids), dtype=bool)
+    return drop_sorted[np.searchsorted(drop_sorted, uids).clip(max=len(drop_sorted) - 1)] != uids
+
+
+def kept_field_kinds(path: str, drop_sorted: Optional[np.ndarray] = None) -> dict[str, list[str]]:
     """The JSON kinds each extra input field takes in one part (the first pass of a Parquet export:
-    the column types of kept/ are decided over all parts, so every file has the same schema)."""
+    the column types of kept/ are decided over all parts, so every file has the same schema); only
+    of the kept documents when the part still holds the removed ones (`drop_sorted`)."""
     kinds: dict[str, set] = {}
-    for m in pq.read_table(path, columns=["meta"]).column("meta").to_pylist():
+    table = pq.read_table(path, columns=["uid", "meta"])
+    table = table.filter(pa.array(_kept_rows(table, drop_sorted)))
+    for m in table.column("meta").to_pylist():
         if m:
             for name, value in json.loads(m).items():
                 kinds.setdefault(name, set()).add(_json_kind(value))
@@ -111,11 +148,27 @@ def kept_field_types(kinds: dict[str, set]) -> dict[str, str]:
 
 
 def export_kept_part(path: str, out_dir: str, fmt: str, text_field: str, id_field: Optional[str],
-                     source_field: Optional[str], field_types: Optional[dict[str, str]] = None) -> int:
+                     source_field: Optional[str], field_types: Optional[dict[str, str]] = None,
+                     drop_sorted: Optional[np.ndarray] = None, excerpt_chars: Optional[int] = 0) -> Any:
     """Write kept documents with every field the input gave them: id, text, source and each other
     field from meta. JSONL keeps every value as the input had it; Parquet uses `field_types`
-    (from `kept_field_types`) so every part has the same schema."""
+    (from `kept_field_types`) so every part has the same schema. With `drop_sorted` (the dedup
+    steps' removal left to this pass) the part's documents with those uids are left out, and with
+    `excerpt_chars` not 0 returns (rows, {uid: text excerpt} of those left out) for the audit rows."""
     table = pq.read_table(path)
+    if drop_sorted is not None:
+        keep = _kept_rows(table, drop_sorted)
+        gone = table.filter(pa.array(~keep))
+        table = table.filter(pa.array(keep))
+        rows = _write_kept(table, path, out_dir, fmt, text_field, id_field, source_field, field_types)
+        if excerpt_chars == 0:
+            return rows
+        return rows, dict(zip(gone.column("uid").to_pylist(), excerpt(gone.column("text").to_pylist(), excerpt_chars)))
+    return _write_kept(table, path, out_dir, fmt, text_field, id_field, source_field, field_types)
+
+
+def _write_kept(table: pa.Table, path: str, out_dir: str, fmt: str, text_field: str, id_field: Optional[str],
+                source_field: Optional[str], field_types: Optional[dict[str, str]]) -> int:
     fixed: dict[str, pa.Array] = {}
     if id_field:
         fixed[id_field] = table.column("id")

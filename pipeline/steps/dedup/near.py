@@ -39,11 +39,14 @@ class NearDedupStep(removal.DedupStep):
             ctx.log(f"  near_dedup: {missing} of {docs} documents have no {name!r} field; in a cluster they lose to one that has it")
         return missing
 
-    def __init__(self, reads: str, normalize_opts: Optional[dict], parts_from: Optional[str] = None):
+    def __init__(self, reads: str, normalize_opts: Optional[dict], parts_from: Optional[str] = None,
+                 defer_removal: bool = False):
         super().__init__(reads, normalize_opts)
         # the exact step before this one only found its duplicates: its documents are still in the
         # parts of `parts_from` (its input), and this step's removal pass drops both (the plan sets it)
         self.parts_from = parts_from
+        # a dedup job's export drops both sets as it writes kept/ (the plan sets it): this step only finds
+        self.defer_removal = defer_removal
 
     def _from_exact(self, ctx: StepContext, parts: list[str], sig_paths: list[str],
                     spec: near_dedup.SignatureSpec, exclude: Any) -> Optional[list]:
@@ -57,6 +60,18 @@ class NearDedupStep(removal.DedupStep):
             return None
         return ctx.run([delayed(reference.filter_signatures)(str(folder / Path(p).name), p, o, exclude)
                         for p, o in zip(parts, sig_paths)], "near_dedup: signatures (from the " + folder.parent.name + " pass)")
+
+    def _counted_from(self, ctx: StepContext, parts: list[str], spec: near_dedup.SignatureSpec) -> list[str]:
+        """With the removal deferred to the export: the signature files holding the source, language
+        and stored length of every document of `parts` (the exact step's, or the read step's), from
+        which this step counts what it passes on."""
+        full = signatures.signature_spec(ctx.cfg, self.normalize_opts, exact=True,
+                                         near=not (ctx.cfg.dedup.reference and ctx.cfg.dedup.minhash.enabled))
+        for owner in ("exact_dedup", "read"):
+            folder = ctx.rundir.folder(owner) / "signatures"
+            if signatures.reusable(folder, full, parts, full=True):
+                return [str(folder / Path(p).name) for p in parts]
+        raise PipelineError("near_dedup: the removal is left to the export but no signature pass counted the documents")
 
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         dc = ctx.cfg.dedup
@@ -96,5 +111,6 @@ class NearDedupStep(removal.DedupStep):
         else:
             removed = removal.near_removed_distributed(ctx, labels, edge_files, sig_paths, nparts)
             ctx.write_partitions(removed, folder / "removed", "near_dedup: keepers per cluster (Dask shuffle)")
-        outputs = removal.finish_near(ctx, folder, source, stats, pending)
+        outputs = removal.finish_near(ctx, folder, source, stats, pending,
+                                      self._counted_from(ctx, parts, spec) if self.defer_removal else None)
         return StepResult(stats, outputs)

@@ -196,10 +196,14 @@ def near_removed_distributed(ctx: StepContext, labels: Any, edge_files: list[str
 
 
 def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, Any],
-                pending: Optional[np.ndarray] = None) -> dict[str, Any]:
+                pending: Optional[np.ndarray] = None, counted_from: Optional[list[str]] = None) -> dict[str, Any]:
     """Remove what the near-duplicate search found (and `pending`: the exact step's duplicates when it
     deferred their removal to this one pass), repoint exact duplicates of removed documents to their
-    keeper, and summarise the clusters. Returns the report's examples."""
+    keeper, and summarise the clusters. Returns the report's examples. With `counted_from` (signature
+    files of every document, the removal left to the dedup job's export) nothing is written: what
+    passes on is counted from their columns."""
+    from .exact import passed_on
+
     files = sorted(str(p) for p in (folder / "removed").glob("*.parquet"))
     columns = ["uid", "reason", "cluster_id", "cluster_size", "duplicate_of", "duplicate_of_id"]
     table = pq.read_table(files, columns=columns) if files else None
@@ -208,7 +212,10 @@ def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, An
     if pending is not None:  # the exact step's removal is deferred to this pass: its audit texts too
         drop = np.union1d(drop, pending)
         audit.append(ctx.rundir.folder("exact_dedup"))
-    passed = remove_documents(ctx, source, folder, drop, None, "near_dedup: remove", audit)
+    if counted_from is not None:
+        passed = passed_on(counted_from, drop)
+    else:
+        passed = remove_documents(ctx, source, folder, drop, None, "near_dedup: remove", audit)
     stats["docs_out"] = passed.get("docs_out", 0)
     stats["by_group"] = passed.get("by_group", {})
     reasons = table.column("reason").to_pandas().value_counts().to_dict() if table is not None else {}

@@ -77,7 +77,7 @@ def compute(ctx: StepContext, parts: list[str], folder: Path, spec: near_dedup.S
     folder.mkdir(parents=True, exist_ok=True)
     results = ctx.run([delayed(near_dedup.signature_part)(p, str(folder / Path(p).name), spec, exclude)
                        for p in parts], label)
-    write_text_atomic(folder / SPEC_FILE, _spec_json(spec))
+    mark(folder, spec)
     return results
 
 
