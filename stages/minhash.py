@@ -18,7 +18,6 @@ from functools import lru_cache
 
 import numpy as np
 import pandas as pd
-from scipy.special import beta, betainc
 
 from . import sketch
 from .shingles import FOLD_PRIME, fmix64
@@ -92,6 +91,8 @@ def lsh_error_areas(threshold: float, num_perm: int) -> tuple[np.ndarray, np.nda
     (B the beta function, I_x the regularised incomplete beta). The by-parts form keeps FP accurate
     when t^r is tiny or underflows, where t - integral_0^t (1 - s^r)^b ds would cancel to nothing; every
     area is within ~1e-14 of datasketch's scipy.integrate.quad values."""
+    from scipy.special import beta, betainc  # here: only the driver plans the bands (workers skip the import)
+
     per_band = num_perm // np.arange(1, num_perm + 1)
     b = np.repeat(np.arange(1, num_perm + 1), per_band).astype(np.float64)
     r = np.concatenate([np.arange(1, k + 1) for k in per_band]).astype(np.float64)

@@ -14,11 +14,12 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpusmill.stages import exact_dedup, near_dedup
 from corpusmill.stages.base import REMOVED_META, write_table_atomic
-from corpusmill.stages.composition import group_counts
+from corpusmill.stages.composition import UNKNOWN
 
 from ...step import StepContext, StepResult
 from . import removal, signatures
@@ -87,8 +88,19 @@ def passed_on(sig_files: list[str], drop: np.ndarray) -> dict[str, Any]:
         keep = drop[np.searchsorted(drop, uid).clip(max=len(drop) - 1)] != uid
     kept = table.filter(pa.array(keep))
     return {"docs_in": int(len(uid)), "docs_out": int(keep.sum()), "removed": {"exact": int((~keep).sum())},
-            "by_group": group_counts(kept.column("source").to_pylist(), kept.column("language").to_pylist(),
-                                     chars=kept.column("raw_chars").to_numpy())}
+            "by_group": _group_counts(kept)}
+
+
+def _group_counts(kept: pa.Table) -> dict:
+    """`group_counts(source, language, chars=raw_chars)` of a table, grouped by Arrow (no Python
+    string per document): the same groups, counts and order (sorted by source, then language)."""
+    text = [pc.fill_null(kept.column(c).cast(pa.string()), UNKNOWN) for c in ("source", "language")]
+    grouped = pa.table({"s": text[0], "l": text[1], "c": kept.column("raw_chars")}).group_by(["s", "l"]).aggregate(
+        [("c", "count"), ("c", "sum")]).sort_by([("s", "ascending"), ("l", "ascending")])
+    out: dict = {}
+    for s, lg, n, chars in zip(*(grouped.column(c).to_pylist() for c in ("s", "l", "c_count", "c_sum"))):
+        out.setdefault(s, {})[lg] = {"docs": int(n), "chars": int(chars or 0)}
+    return out
 
 
 def find_duplicates_in_memory(sig_files: list[str]) -> pd.DataFrame:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
-import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
@@ -178,6 +177,8 @@ def near_removed_distributed(ctx: StepContext, labels: Any, edge_files: list[str
                              nparts: int) -> Any:
     """The same rows as `near_removed_in_memory` (similarity: the signatures' estimate), as a lazy
     Dask frame: clusters are shuffled on their root so each is whole in one partition."""
+    import dask.dataframe as dd  # here: workers running this module's task bodies need not import it
+
     dc = ctx.cfg.dedup
     attrs = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", "id", "source", "n_chars", "keep_key"],
                         enforce_metadata=False)
