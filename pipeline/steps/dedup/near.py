@@ -61,17 +61,19 @@ class NearDedupStep(removal.DedupStep):
         return ctx.run([delayed(reference.filter_signatures)(str(folder / Path(p).name), p, o, exclude)
                         for p, o in zip(parts, sig_paths)], "near_dedup: signatures (from the " + folder.parent.name + " pass)")
 
-    def _counted_from(self, ctx: StepContext, parts: list[str], spec: near_dedup.SignatureSpec) -> list[str]:
+    def _counted_from(self, ctx: StepContext, parts: list[str], spec: near_dedup.SignatureSpec) -> Optional[list[str]]:
         """With the removal deferred to the export: the signature files holding the source, language
         and stored length of every document of `parts` (the exact step's, or the read step's), from
-        which this step counts what it passes on."""
+        which this step counts what it passes on. None when neither is there (a run directory an
+        earlier version started): this step then writes its parts as before (the export still drops
+        every found duplicate from the read parts, so kept/ is the same)."""
         full = signatures.signature_spec(ctx.cfg, self.normalize_opts, exact=True,
                                          near=not (ctx.cfg.dedup.reference and ctx.cfg.dedup.minhash.enabled))
         for owner in ("exact_dedup", "read"):
             folder = ctx.rundir.folder(owner) / "signatures"
             if signatures.reusable(folder, full, parts, full=True):
                 return [str(folder / Path(p).name) for p in parts]
-        raise PipelineError("near_dedup: the removal is left to the export but no signature pass counted the documents")
+        return None
 
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         dc = ctx.cfg.dedup
