@@ -9,9 +9,12 @@ from typing import Any
 
 import dask.dataframe as dd
 import numpy as np
+import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpusmill.stages import components
+from corpusmill.stages.base import write_table_atomic
 
 from ...step import StepContext
 
@@ -21,7 +24,13 @@ MAX_ROUNDS = 64
 def write_edges(ctx: StepContext, edge_sets: list, folder: Path, stats: dict[str, Any]) -> list[str]:
     """All edges as `folder/part.N.parquet`; `stats["edges"]` counts them per method."""
     dc = ctx.cfg.dedup
-    ctx.write_partitions(dd.concat(edge_sets), folder, "near_dedup: bucketing candidates (Dask shuffles)")
+    if all(isinstance(e, pd.DataFrame) for e in edge_sets):  # every method stayed in the driver: written here
+        edges = pd.concat(edge_sets, ignore_index=True) if edge_sets else None
+        if edges is not None:
+            write_table_atomic(pa.Table.from_pandas(edges, preserve_index=False), folder / "part.0.parquet")
+    else:
+        edge_sets = [dd.from_pandas(e, npartitions=1) if isinstance(e, pd.DataFrame) else e for e in edge_sets]
+        ctx.write_partitions(dd.concat(edge_sets), folder, "near_dedup: bucketing candidates (Dask shuffles)")
     files = sorted(str(p) for p in folder.glob("*.parquet"))
     for f in files:
         method = pq.read_table(f, columns=["method"]).column("method").to_numpy()

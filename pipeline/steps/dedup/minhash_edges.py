@@ -31,7 +31,8 @@ def lsh_shape(ctx: StepContext) -> tuple[int, int]:
 
 def minhash_edges(ctx: StepContext, sig_paths: list[str], parts: list[str], spec: near_dedup.SignatureSpec,
                   stats: dict[str, Any]) -> Any:
-    """A lazy Dask frame of verified MinHash edges (a, b, similarity, method)."""
+    """Verified MinHash edges (a, b, similarity, method): a pandas frame when the driver held every
+    step (within `dedup.components_memory_mb`), else a lazy Dask frame."""
     mc = ctx.cfg.dedup.minhash
     nparts = max(1, len(parts))
     budget = ctx.cfg.dedup.components_memory_mb << 20
@@ -42,14 +43,14 @@ def minhash_edges(ctx: StepContext, sig_paths: list[str], parts: list[str], spec
         # every band key fits the driver: the same kernel over one frame holding every bucket, no shuffle
         frames = ctx.run([delayed(near_dedup.minhash_band_part)(p, bands, rows) for p in sig_paths],
                          "near_dedup: LSH band keys")
-        cand = dd.from_pandas(minhash.bucket_edges(pd.concat(frames, ignore_index=True)), npartitions=1)
+        cand = minhash.bucket_edges(pd.concat(frames, ignore_index=True))  # pandas: the driver goes on with it
     else:
         buckets = dd.from_map(near_dedup.minhash_band_part, sig_paths, bands=bands, rows=rows,
                               meta=minhash.BAND_META, enforce_metadata=False)
         cand = buckets.shuffle(on="band_key", npartitions=nparts).map_partitions(minhash.bucket_edges, meta=minhash.EDGE_META)
         cand = cand.shuffle(on="a", npartitions=nparts).map_partitions(lambda p: p.drop_duplicates(), meta=minhash.EDGE_META)
         cand = ctx.persist(cand, "near_dedup: LSH buckets -> candidate pairs (Dask shuffles)")
-    n_cand = int(cand.map_partitions(len).compute().sum())
+    n_cand = len(cand) if isinstance(cand, pd.DataFrame) else int(cand.map_partitions(len).compute().sum())
     threshold = mc.threshold if mc.verify else None
     # first the signatures' estimate; with verification on, only pairs it puts within 5 standard
     # deviations of the threshold go on to the exact check (a cheap filter that loses no true pair)
@@ -57,6 +58,8 @@ def minhash_edges(ctx: StepContext, sig_paths: list[str], parts: list[str], spec
     if n_cand * (8 * mc.num_perm + 16) <= budget:
         verified = _estimate_in_memory(ctx, cand, sig_paths, floor)
     else:
+        if isinstance(cand, pd.DataFrame):
+            cand = dd.from_pandas(cand, npartitions=1)
         verified = _estimate_distributed(ctx, cand, sig_paths, floor)
     if threshold is not None:
         verified = exact_check(ctx, verified, parts, spec, threshold, "minhash", n_cand, stats)
@@ -73,8 +76,9 @@ def signature_rows(sig_paths: list[str]) -> int:
 
 
 def _estimate_in_memory(ctx: StepContext, cand: Any, sig_paths: list[str], floor: Optional[float]) -> Any:
-    """The signatures' Jaccard estimate of every candidate pair, in the driver (they fit the budget)."""
-    pairs = cand.compute()
+    """The signatures' Jaccard estimate of every candidate pair, in the driver (they fit the budget):
+    a pandas frame."""
+    pairs = cand if isinstance(cand, pd.DataFrame) else cand.compute()
     endpoints = np.unique(np.concatenate([pairs["a"].to_numpy(), pairs["b"].to_numpy()]))
     sigs = rows_for_uids(ctx, sig_paths, endpoints, ["uid", "minhash"], "near_dedup: fetch candidate signatures")
     uids, matrix = near_dedup.signature_lookup(sigs, "minhash")
@@ -83,7 +87,7 @@ def _estimate_in_memory(ctx: StepContext, cand: Any, sig_paths: list[str], floor
     verified = pd.DataFrame({"a": pairs["a"].to_numpy(), "b": pairs["b"].to_numpy(), "similarity": sim})
     if floor is not None:
         verified = verified[verified["similarity"] >= floor]
-    return dd.from_pandas(verified.reset_index(drop=True), npartitions=1)
+    return verified.reset_index(drop=True)
 
 
 def _estimate_distributed(ctx: StepContext, cand: Any, sig_paths: list[str], floor: Optional[float]) -> Any:

@@ -27,7 +27,8 @@ def similarity(distance: Any) -> Any:
 
 def simhash_edges(ctx: StepContext, sig_paths: list[str], parts: list[str], spec: near_dedup.SignatureSpec,
                   stats: dict[str, Any]) -> Any:
-    """A lazy Dask frame of SimHash edges (a, b, similarity, method)."""
+    """SimHash edges (a, b, similarity, method): a pandas frame when the driver held every step, else
+    a lazy Dask frame."""
     dc = ctx.cfg.dedup
     sc = dc.simhash
     k = sc.max_distance
@@ -37,8 +38,14 @@ def simhash_edges(ctx: StepContext, sig_paths: list[str], parts: list[str], spec
     if n_tables * signature_rows(sig_paths) * TABLE_ROW_BYTES <= dc.components_memory_mb << 20:
         # every table row fits the driver: the same kernel over one frame holding every bucket, no shuffle
         frames = ctx.run([delayed(near_dedup.simhash_block_part)(p, k) for p in sig_paths], "near_dedup: SimHash table keys")
-        near = dd.from_pandas(simhash.near_edges(pd.concat(frames, ignore_index=True), k, sc.max_bucket, sc.window),
-                              npartitions=1)
+        near = simhash.near_edges(pd.concat(frames, ignore_index=True), k, sc.max_bucket, sc.window)
+        if not sc.verify:
+            return _as_edges(near)
+        stats["simhash_candidates"] = len(near)
+        # pandas: the exact check goes on with it in the driver (no Dask frame, no task to count it)
+        verified = exact_check(ctx, near[["a", "b"]].reset_index(drop=True), parts, spec, dc.minhash.threshold,
+                               "simhash", len(near), stats)
+        return verified.assign(method=np.int8(METHOD))
     else:
         blocks = dd.from_map(near_dedup.simhash_block_part, sig_paths, max_distance=k,
                              meta=simhash.BLOCK_META, enforce_metadata=False)

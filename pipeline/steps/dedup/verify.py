@@ -19,10 +19,15 @@ from ...step import TEXT_PER_PARQUET_BYTE, StepContext
 
 def exact_check(ctx: StepContext, pairs: Any, parts: list[str], spec: near_dedup.SignatureSpec, threshold: float,
                 method: str, n_cand: int, stats: dict[str, Any]) -> Any:
-    """A lazy Dask frame (a, b, similarity) of the pairs whose true Jaccard reaches `threshold`,
-    reading only the endpoints' texts (once, shared by both sides of the merge)."""
+    """(a, b, similarity) of the pairs whose true Jaccard reaches `threshold`, reading only the endpoints'
+    texts (once, shared by both sides of the merge): a pandas frame when `pairs` is one (found in the
+    driver) and the texts fit the driver, else a lazy Dask frame."""
     plausible = pairs[["a", "b"]]
-    if plausible.npartitions == 1:  # the candidates are in memory already: verify without Dask merges
+    if isinstance(plausible, pd.DataFrame):  # found in the driver: verified there too while the texts fit
+        if _texts_fit(ctx, parts, plausible):
+            return _exact_check_in_memory(ctx, plausible.reset_index(drop=True), parts, spec, threshold, method, n_cand, stats)
+        plausible = dd.from_pandas(plausible.reset_index(drop=True), npartitions=1)
+    elif plausible.npartitions == 1:  # the candidates are in memory already: verify without Dask merges
         local = plausible.compute()
         if _texts_fit(ctx, parts, local):
             return _exact_check_in_memory(ctx, local, parts, spec, threshold, method, n_cand, stats)
@@ -62,7 +67,7 @@ def _exact_check_in_memory(ctx: StepContext, pairs: pd.DataFrame, parts: list[st
     ctx.log(f"  near_dedup: {method}: {n_cand} candidate pairs, {len(pairs)} within reach of the threshold: "
             f"verifying those by exact Jaccard ({len(endpoints)} documents)")
     if not len(pairs):
-        return dd.from_pandas(near_dedup.VERIFIED_META.copy(), npartitions=1)
+        return near_dedup.VERIFIED_META.copy()
     ends_future = ctx.broadcast(endpoints)
     texts = pd.concat(ctx.run([delayed(near_dedup.texts_for_uids)(p, ends_future, spec.normalize) for p in parts],
                               f"near_dedup: {method} texts to verify"), ignore_index=True).sort_values("uid")
@@ -70,5 +75,4 @@ def _exact_check_in_memory(ctx: StepContext, pairs: pd.DataFrame, parts: list[st
     shared = ctx.broadcast((texts["uid"].to_numpy(), np.asarray(texts["text"].tolist(), dtype=object)))
     chunks = np.array_split(np.arange(len(pairs)), max(1, min(len(pairs) // 256, 2 * ctx.n_workers)))
     tasks = [delayed(near_dedup.verify_pairs_by_uid)(a[c], b[c], shared, spec.verify, threshold) for c in chunks if len(c)]
-    verified = pd.concat(ctx.run(tasks, f"near_dedup: {method}: exact Jaccard"), ignore_index=True)
-    return dd.from_pandas(verified, npartitions=1)
+    return pd.concat(ctx.run(tasks, f"near_dedup: {method}: exact Jaccard"), ignore_index=True)
