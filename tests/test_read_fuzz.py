@@ -321,8 +321,12 @@ def _stage_outcomes(out: Path, job: str) -> tuple[list[str], list[str]]:
     """(ids kept by the last document stage, ids removed by any stage)."""
     stages = ["01-normalize", "02-filter", "03-exact_dedup", "04-near_dedup"] if job == "run" else \
         ["03-exact_dedup", "04-near_dedup"]
-    last = [s for s in stages if (out / s).is_dir()][-1]
-    kept = [r["id"] for r in _rows(out / last, ["id"])]
+    if job == "dedup":  # its dedup steps only find: the export writes the kept documents (kept/, JSONL here)
+        kept = [json.loads(line)["id"] for f in sorted((out / "kept").glob("*.jsonl"))
+                for line in f.read_text(encoding="utf-8").split("\n") if line]
+    else:
+        last = [s for s in stages if (out / s).is_dir()][-1]
+        kept = [r["id"] for r in _rows(out / last, ["id"])]
     removed = [r["id"] for s in stages for r in _rows(out / s / "removed", ["id"])]
     return kept, removed
 
