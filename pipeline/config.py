@@ -781,6 +781,9 @@ class TrainConfig(_Section):
     shuffle: bool = Field(True, description="Shuffle samples within the rank's files each epoch.")
     recompute: bool = Field(False, description="Recompute each layer's activations in the backward pass instead of "
                             "keeping them: less memory for about a third more compute.")
+    compile: bool = Field(True, description="Compile the loss and its gradient into one graph (mindspore.jit) once per "
+                          "run: a few seconds up front, then steps several times faster than op-by-op; false runs "
+                          "op by op (PyNative), for debugging.")
     profile_steps: Optional[tuple[int, int]] = Field(
         None, description="[first, last] step of a mindspore.Profiler window; the trace goes to OUT/profile.")
     grad_accumulation: int = Field(1, gt=0, le=1 << 16, description="Micro-batches summed (fp32) per optimizer step; a warning above 8.")

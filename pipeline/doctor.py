@@ -162,7 +162,7 @@ def check_training_memory(cfg: Any, available: int) -> list[Check]:
     """Training's peak memory from the real shapes (logits batch x seq x vocab and their gradient,
     activations per layer, parameters, gradients, optimizer moments): an error when training is on
     and cannot fit, a warning when it is off (a later `corpusmill train` with this config would)."""
-    from corpusmill.trainer.memory import FIT_SHARE, TrainMemoryError, estimate, plan
+    from corpusmill.trainer.memory import FIT_SHARE, TrainMemoryError, estimate, estimate_args, plan
 
     t = cfg.train
     seq = t.model.seq_length or cfg.pack.seq_length
@@ -174,18 +174,17 @@ def check_training_memory(cfg: Any, available: int) -> list[Check]:
         chosen = plan(t, seq, vocab, log=notes.append, available=available)
     except TrainMemoryError as e:
         return [Check("training memory", ERROR if t.enabled else WARNING, str(e),
-                      "lower train.batch_size (with train.grad_accumulation), set train.recompute: true, or lower "
-                      "pack.seq_length")]
-    est = estimate(vocab_size=vocab, seq_length=seq, hidden_size=t.model.hidden_size, num_layers=t.model.num_layers,
-                   num_heads=t.model.num_heads, intermediate_size=t.model.intermediate_size,
-                   batch_size=chosen.batch_size, grad_accumulation=chosen.grad_accumulation,
-                   precision=t.precision, recompute=t.recompute)
+                      "lower train.batch_size (with train.grad_accumulation), set train.recompute: true or "
+                      "train.compile: false, or lower pack.seq_length")]
+    est = estimate(**estimate_args(chosen, seq, vocab), batch_size=chosen.batch_size,
+                   grad_accumulation=chosen.grad_accumulation)
     how = "" if t.batch_size else " (batch size chosen for this machine)"
     status = WARNING if est.total > 0.9 * FIT_SHARE * available else OK
     return [Check("training memory", status,
                   f"batch {chosen.batch_size} x {chosen.grad_accumulation} micro-batches{how}, seq {seq}, vocab {vocab:,}: "
                   f"{est.describe()} of {available / 2**30:.1f} GiB available",
-                  "lower train.batch_size (with train.grad_accumulation), set train.recompute: true, or lower pack.seq_length")]
+                  "lower train.batch_size (with train.grad_accumulation), set train.recompute: true or train.compile: "
+                  "false, or lower pack.seq_length")]
 
 
 def _tokenizer_vocab(path: str) -> Optional[int]:

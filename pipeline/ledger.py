@@ -85,9 +85,11 @@ def build_ledger(stats: dict[str, dict], doc_stages: dict[str, str]) -> dict[str
     if held_out is None and "pack" not in stats:  # shard.format megatron: the shard step split and mixed
         held_out = shard_stats.get("held_out")
     if held_out is not None:  # kept documents held out for validation (split.validation): packed and sharded apart
+        written = shard_stats.get("validation") or {}
         ledger["validation"] = {"documents": int(held_out.get("docs_in", 0)), "tokens": int(held_out.get("tokens_in", 0)),
-                                "windows": int(held_out.get("windows", 0)),
-                                "samples": int(((stats.get("shard") or {}).get("validation") or {}).get("samples", 0))}
+                                "windows": int(held_out.get("windows", 0)), "samples": int(written.get("samples", 0)),
+                                "megatron_documents": int(written.get("megatron_documents", 0)),
+                                "megatron_pairs": int(written.get("megatron_pairs", 0))}
     mix = (stats.get("pack") or {}).get("mix") if "pack" in stats else shard_stats.get("mix")
     packed = int(stats["pack"]["docs_in"]) if "pack" in stats else int(shard_stats.get("megatron_documents", 0))
     if mix is not None:  # mix: every kept document drawn (once or more) or left out, each copy counted

@@ -345,8 +345,11 @@ def _tokens_packing_shards(r: ReportInputs) -> list[str]:
                          f"pair(s) under `shards/megatron/`; `mindformers_megatron_train_dataset.yaml` lists them")
     val = r.ledger.get("validation")
     if val:
+        written = [f"{val['samples']:,} samples"] if val["samples"] or not val.get("megatron_pairs") else []
+        if val.get("megatron_pairs"):  # shard.format megatron or both: whole documents, no windows needed
+            written.append(f"{val['megatron_documents']:,} whole documents in {val['megatron_pairs']} Megatron pair(s)")
         lines += [f"- held out for validation (split.validation): {val['documents']:,} documents, {val['tokens']:,} "
-                  f"tokens → {val['samples']:,} samples in `shards-validation/` (its own manifest); not in the training "
+                  f"tokens → {' and '.join(written)} in `shards-validation/` (its own manifest); not in the training "
                   "shards above"]
     return lines + [""]
 

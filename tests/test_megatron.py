@@ -255,5 +255,9 @@ def test_pairs_per_source_hold_each_sources_documents_split_and_mixed(tmp_path, 
         assert abs(w - share) < 1e-5, (by_prefix[prefix], w, share)
     assert len(prefixes) == 3
     ledger = json.loads((tmp_path / "out" / "ledger.json").read_text())  # no pack step: the shard step's split and mix
-    assert ledger["validation"]["documents"] == sum(map(len, held.values()))
+    n_held = sum(map(len, held.values()))
+    assert ledger["validation"]["documents"] == ledger["validation"]["megatron_documents"] == n_held
+    line = next(x for x in (tmp_path / "out" / "report.md").read_text().splitlines() if "held out for validation" in x)
+    assert f"{n_held:,} whole documents in {ledger['validation']['megatron_pairs']} Megatron pair(s)" in line
+    assert "0 samples" not in line  # no windows are packed for Megatron-only shards
     assert ledger["mix"]["copies"] == ledger["megatron"]["documents"] == sum(map(len, train.values()))
