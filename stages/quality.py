@@ -198,10 +198,8 @@ DUP_NGRAMS = (5, 6, 7, 8, 9, 10)
 def _gopher_components(lowered: pa.Array, cjk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`shingles._component_hashes(..., with_lengths=True)` of lowercased texts with punctuation
     stripped: words (maximal runs of characters that are neither whitespace nor punctuation or
-    symbols, cut by the compiled `split_words` instead of a regex replace and a split) hashed with
-    xxh3 once per distinct word, CJK characters as the shingler hashes them."""
-    import xxhash
-
+    symbols, cut and hashed with xxh3 by the compiled `word_hashes`), CJK characters as the shingler
+    hashes them."""
     n = len(lowered)
     counts = np.zeros(n, dtype=np.int64)
     word_idx = np.flatnonzero(~cjk)
@@ -212,12 +210,7 @@ def _gopher_components(lowered: pa.Array, cjk: np.ndarray) -> tuple[np.ndarray, 
         flags, _ = _text_tables()
         sep = (flags & (quality_loops.WS | quality_loops.PUNCT)) > 0
         data, offsets = utf8_buffers(lowered)
-        buf, word_off, word_len, per_doc = quality_loops.split_words(data, offsets, word_idx, sep)
-        words = pa.LargeStringArray.from_buffers(len(word_len), pa.py_buffer(word_off), pa.py_buffer(buf))
-        encoded = pc.dictionary_encode(words)
-        uniques = encoded.dictionary.to_pylist()
-        table = np.fromiter((xxhash.xxh3_64_intdigest(w.encode("utf-8")) for w in uniques), dtype=np.uint64, count=len(uniques))
-        hashes = table[encoded.indices.to_numpy(zero_copy_only=False)] if len(uniques) else np.empty(0, np.uint64)
+        hashes, word_len, per_doc = quality_loops.word_hashes(data, offsets, word_idx, sep)
         counts[word_idx] = per_doc
         parts.append((word_idx, hashes, word_len.astype(np.float64)))
     if len(cjk_idx):

@@ -299,46 +299,6 @@ def _is_stop(buf, length, trim, stop_words, stop_len):
     return False
 
 
-@nb.njit(cache=True, nogil=True)
-def split_words(data: np.ndarray, offsets: np.ndarray, docs: np.ndarray, sep: np.ndarray) -> tuple:
-    """The words of documents `docs`: maximal runs of characters that are not `sep` (whitespace,
-    punctuation and symbols), as a new UTF-8 buffer with int64 word offsets, each word's length in
-    characters, and the word count per document."""
-    total = 0
-    for d in docs:
-        total += offsets[d + 1] - offsets[d]
-    out = np.empty(max(total, 1), dtype=np.uint8)
-    word_off = np.zeros(total + 1, dtype=np.int64)
-    word_len = np.zeros(total, dtype=np.int64)
-    counts = np.zeros(len(docs), dtype=np.int64)
-    k = 0  # bytes written
-    w = 0  # words
-    for j in range(len(docs)):
-        d = docs[j]
-        i, end = offsets[d], offsets[d + 1]
-        in_word = False
-        while i < end:
-            start = i
-            c, i = decode_utf8(data, i)
-            if sep[c]:
-                if in_word:
-                    w += 1
-                    word_off[w] = k
-                    in_word = False
-                continue
-            if not in_word:
-                in_word = True
-                counts[j] += 1
-            for b in range(start, i):
-                out[k] = data[b]
-                k += 1
-            word_len[w] += 1
-        if in_word:
-            w += 1
-            word_off[w] = k
-    return out[:max(k, 1)], word_off[:w + 1], word_len[:w], counts
-
-
 @nb.njit(inline="always")
 def _char_start_before(data, j):
     """Index of the first byte of the UTF-8 character that ends just before `j`."""
@@ -418,7 +378,7 @@ def line_scan(data: np.ndarray, offsets: np.ndarray, trim_ws: np.ndarray, strip_
 def word_hashes(data: np.ndarray, offsets: np.ndarray, docs: np.ndarray, sep: np.ndarray) -> tuple:
     """The words of documents `docs` (maximal runs of characters that are not `sep`: whitespace,
     punctuation and symbols) as the xxh3-64 of their UTF-8 bytes, each word's length in characters,
-    and the word count per document: `split_words` and a hash per word, without making the words."""
+    and the word count per document: no word is made a string."""
     total = 0
     for d in docs:
         total += offsets[d + 1] - offsets[d]
