@@ -156,7 +156,8 @@ def _segment_stats(texts: pa.Array, pattern: str, cjk_doc: np.ndarray, short_cha
     """Per document: segment count, duplicate segments (after the first) by count and characters,
     and (for lines) bullet / ellipsis / terminal / short / boilerplate line counts."""
     n = len(texts)
-    lists = pc.split_pattern_regex(texts, pattern)
+    # a plain newline splits as the literal kernel does, without the regex engine
+    lists = pc.split_pattern(texts, "\n") if pattern == r"\n" else pc.split_pattern_regex(texts, pattern)
     offsets = lists.offsets.to_numpy()
     bounds = offsets - offsets[0]
     flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
@@ -182,10 +183,18 @@ def _segment_stats(texts: pa.Array, pattern: str, cjk_doc: np.ndarray, short_cha
     if short_chars is not None:
         is_cjk_line = np.asarray(cjk_doc, dtype=bool)[seg_doc]
         short = np.where(is_cjk_line, lengths <= short_chars_cjk, lengths <= short_chars) & real
-        for name, pat in (("bullet", BULLET_START), ("ellipsis", ELLIPSIS_END), ("terminal", TERMINAL_END),
-                          ("boilerplate", BOILERPLATE_LINE)):
+        for name, pat in (("bullet", BULLET_START), ("ellipsis", ELLIPSIS_END), ("terminal", TERMINAL_END)):
             hit = pc.match_substring_regex(flat, pat).to_numpy(zero_copy_only=False) & real
             out[f"{name}_lines"] = np.bincount(seg_doc[hit], minlength=n)
+        # unanchored and never spanning a newline: a line can only match in a document that matches, so
+        # the lines of the (few) matching documents are the only ones searched
+        doc_hit = pc.fill_null(pc.match_substring_regex(texts, BOILERPLATE_LINE), False).to_numpy(zero_copy_only=False)
+        hit = np.zeros(len(seg_doc), dtype=bool)
+        maybe = doc_hit[seg_doc] & real
+        if maybe.any():
+            idx = np.flatnonzero(maybe)
+            hit[idx] = pc.match_substring_regex(flat.take(pa.array(idx)), BOILERPLATE_LINE).to_numpy(zero_copy_only=False)
+        out["boilerplate_lines"] = np.bincount(seg_doc[hit], minlength=n)
         out["short_lines"] = np.bincount(seg_doc[short], minlength=n)
     return out
 
