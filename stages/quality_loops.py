@@ -67,16 +67,19 @@ def _fmix64(x):
 
 
 @nb.njit(inline="always")
-def _count_windows(comp, lo, cand, n_cand, w, keys, cnt, stamp, generation, slot_of, later):
+def _count_windows(comp, lo, cand, n_cand, prev_w, w, hv, keys, cnt, stamp, generation, slot_of, later):
     """Occurrences of every candidate window's n-gram in one document (an open-addressing table;
-    slots of an older `generation` are free), and whether an earlier window had the same n-gram."""
+    slots of an older `generation` are free), and whether an earlier window had the same n-gram.
+    `hv[j]` holds the fold of candidate j's first `prev_w` components (the previous size's key) and
+    is extended to `w` components here: the same key, without refolding the whole window per size."""
     P = np.uint64(0x100000001B3)
     mask = np.uint64(len(keys) - 1)
     for j in range(n_cand):
         s = lo + cand[j]
-        h = np.uint64(0)
-        for q in range(w):
+        h = hv[j]
+        for q in range(prev_w, w):
             h = h * P + comp[s + q]
+        hv[j] = h
         slot = _fmix64(h) & mask
         while stamp[slot] == generation and keys[slot] != h:
             slot = (slot + np.uint64(1)) & mask
@@ -151,6 +154,7 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
     cnt = np.zeros(cap, dtype=np.int64)
     stamp = np.full(cap, -1, dtype=np.int64)
     cand = np.empty(longest, dtype=np.int64)
+    hv = np.empty(longest, dtype=np.uint64)
     slot_of = np.empty(longest, dtype=np.int64)
     later = np.empty(longest, dtype=np.bool_)
     diff = np.zeros(longest + 1, dtype=np.int64)
@@ -167,6 +171,8 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
         n_cand = m
         for j in range(m):
             cand[j] = j
+            hv[j] = 0
+        prev_w = 0
         for z in range(n_sizes):
             w = sizes[d, z]
             # drop the starts whose window runs past the end
@@ -174,12 +180,14 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
             for j in range(n_cand):
                 if cand[j] + w <= m:
                     cand[k] = cand[j]
+                    hv[k] = hv[j]
                     k += 1
             n_cand = k
             if n_cand == 0:
                 break
             generation += 1
-            _count_windows(comp, lo, cand, n_cand, w, keys, cnt, stamp, generation, slot_of, later)
+            _count_windows(comp, lo, cand, n_cand, prev_w, w, hv, keys, cnt, stamp, generation, slot_of, later)
+            prev_w = w
             if z < n_top:
                 out[d, z] = _top_share(comp_len, lo, cand, n_cand, w, cnt, slot_of) / denom
             else:
@@ -189,6 +197,7 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
             for j in range(n_cand):
                 if cnt[slot_of[j]] > 1:
                     cand[k] = cand[j]
+                    hv[k] = hv[j]
                     k += 1
             n_cand = k
     return out

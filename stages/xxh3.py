@@ -35,18 +35,18 @@ P64_1, P64_2, P64_3, P64_4, P64_5 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x1
 MX1, MX2 = 0x165667919E3779F9, 0x9FB21C651E98DF25
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True, nogil=True)
 def _r64(b, i):
     return (_U(b[i]) | (_U(b[i + 1]) << _U(8)) | (_U(b[i + 2]) << _U(16)) | (_U(b[i + 3]) << _U(24))
             | (_U(b[i + 4]) << _U(32)) | (_U(b[i + 5]) << _U(40)) | (_U(b[i + 6]) << _U(48)) | (_U(b[i + 7]) << _U(56)))
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True, nogil=True)
 def _r32(b, i):
     return _U(b[i]) | (_U(b[i + 1]) << _U(8)) | (_U(b[i + 2]) << _U(16)) | (_U(b[i + 3]) << _U(24))
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True, nogil=True)
 def _fold(a, b):
     """The 128-bit product of a and b, its halves xored (XXH3_mul128_fold64, the portable form)."""
     m = _U(0xFFFFFFFF)
@@ -60,14 +60,14 @@ def _fold(a, b):
     return lower ^ upper
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True, nogil=True)
 def _avalanche(h):
     h ^= h >> _U(37)
     h *= _U(MX1)
     return h ^ (h >> _U(32))
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True, nogil=True)
 def _xxh64_avalanche(h):
     h ^= h >> _U(33)
     h *= _U(P64_2)
@@ -76,17 +76,17 @@ def _xxh64_avalanche(h):
     return h ^ (h >> _U(32))
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True, nogil=True)
 def _rotl(x, r):
     return (x << _U(r)) | (x >> _U(64 - r))
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True, nogil=True)
 def _mix16(b, i, s, j):
     return _fold(_r64(b, i) ^ _r64(s, j), _r64(b, i + 8) ^ _r64(s, j + 8))
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True, nogil=True)
 def _acc512(acc, b, i, s, j):
     for k in range(8):
         v = _r64(b, i + 8 * k)
@@ -121,7 +121,7 @@ def _long(b, start, n, s):
     return _avalanche(h)
 
 
-@nb.njit(inline="always")
+@nb.njit(cache=True, nogil=True)
 def xxh3_64(b, start, end):
     """xxhash.xxh3_64_intdigest(bytes(b[start:end])) (seed 0) as uint64."""
     s = SECRET
