@@ -213,7 +213,6 @@ def _gopher_components(lowered: pa.Array, cjk: np.ndarray) -> tuple[np.ndarray, 
     counts = np.zeros(n, dtype=np.int64)
     word_idx = np.flatnonzero(~cjk)
     cjk_idx = np.flatnonzero(cjk)
-    starts_all = None
     parts = []
     if len(word_idx):
         flags, _ = _text_tables()
@@ -228,6 +227,8 @@ def _gopher_components(lowered: pa.Array, cjk: np.ndarray) -> tuple[np.ndarray, 
         comp, sub_counts, comp_len = _component_hashes(sub, np.ones(len(cjk_idx), dtype=bool), spec, with_lengths=True)
         counts[cjk_idx] = sub_counts
         parts.append((cjk_idx, comp, comp_len))
+    if len(parts) == 1:  # one group holds every document, already in document order
+        return np.asarray(parts[0][1], dtype=np.uint64), counts, np.asarray(parts[0][2], dtype=np.float64)
     starts_all = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=starts_all[1:])
     flat = np.empty(starts_all[-1], dtype=np.uint64)
