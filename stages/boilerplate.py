@@ -9,7 +9,6 @@ seen in at least `min_docs` documents and `min_doc_share` of their source's docu
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -20,8 +19,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
+from . import quality_loops
+from .shingles import utf8_buffers
+
 _SIGN = 1 << 63
-_BLANK_RUNS = re.compile(r"\n{3,}")  # blank lines left where removed lines were
 MIN_DOC_LINES = 3  # only documents with at least this many non-empty lines count, or lose lines
 
 
@@ -44,41 +45,87 @@ def line_width(line: str) -> int:
     return int(line_widths(pa.array([line.strip()], pa.string()))[0])
 
 
+_LINE_TABLES: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None
+
+
+def _line_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per code point: trimmed by Arrow's utf8_trim_whitespace, stripped by Python's str.strip, and
+    counted wide by `WIDE` (RE2): taken from those kernels once, so the compiled `line_scan` splits,
+    trims, measures and hashes lines exactly as `line_widths` and `line_hash` do. Cached on disk
+    beside the compiled loops, keyed by the pyarrow version and the pattern."""
+    global _LINE_TABLES
+    if _LINE_TABLES is not None:
+        return _LINE_TABLES
+    import hashlib
+    import os
+    from pathlib import Path
+
+    key = hashlib.sha256(f"{pa.__version__}{WIDE}".encode()).hexdigest()[:12]
+    cache = Path(__file__).resolve().parent / "__pycache__" / f"line-tables-{key}.npz"
+    try:
+        with np.load(cache) as z:
+            _LINE_TABLES = (z["trim"], z["strip"], z["wide"])
+        if all(len(t) == 0x110000 for t in _LINE_TABLES):
+            return _LINE_TABLES
+    except (OSError, ValueError, KeyError):
+        pass
+    points = np.concatenate([np.arange(0xD800), np.arange(0xE000, 0x110000)])  # no surrogates in UTF-8
+    chars = [chr(c) for c in points.tolist()]
+    arr = pa.array(chars, pa.string())
+    trim = np.zeros(0x110000, dtype=np.bool_)
+    trim[points[pc.utf8_length(pc.utf8_trim_whitespace(arr)).to_numpy() == 0]] = True
+    strip = np.zeros(0x110000, dtype=np.bool_)
+    strip[points[np.fromiter((ch.isspace() for ch in chars), dtype=bool, count=len(chars))]] = True
+    wide = np.zeros(0x110000, dtype=np.int64)
+    wide[points[pc.count_substring_regex(arr, WIDE).to_numpy() > 0]] = 1
+    _LINE_TABLES = (trim, strip, wide)
+    try:  # a read-only install simply recomputes them per process
+        cache.parent.mkdir(exist_ok=True)
+        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, trim=trim, strip=strip, wide=wide)
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return _LINE_TABLES
+
+
 @dataclass
 class _Lines:
-    """Every line of a batch of documents, trimmed, as one Arrow array."""
+    """Every line of a batch of documents (`quality_loops.line_scan`): trimmed byte ranges into the
+    batch's UTF-8 buffer, widths and hashes; no line is made a string."""
 
     doc: np.ndarray  # the document of each line
     per_doc: np.ndarray  # lines per document, empty ones included
-    flat: pa.Array  # the trimmed lines
     nonempty: np.ndarray  # whether a trimmed line has any character
+    width: np.ndarray  # display width of the trimmed line (`line_widths`)
+    hashes: np.ndarray  # `line_hash` of each line
+    data: np.ndarray  # the UTF-8 buffer the ranges point into
+    lo: np.ndarray
+    hi: np.ndarray
 
     @property
     def nonempty_per_doc(self) -> np.ndarray:
         return np.bincount(self.doc[self.nonempty], minlength=len(self.per_doc))
 
+    def text(self, k: int) -> str:
+        """Line k, trimmed, as a string (the report names a few lines)."""
+        return bytes(self.data[self.lo[k]:self.hi[k]]).decode("utf-8")
+
 
 def _split_lines(texts: pa.Array) -> _Lines:
-    lists = pc.split_pattern(texts, "\n")
-    offsets = lists.offsets.to_numpy()
-    per_doc = np.diff(offsets - offsets[0])
-    flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
-    nonempty = pc.utf8_length(flat).to_numpy(zero_copy_only=False) > 0
-    return _Lines(np.repeat(np.arange(len(texts), dtype=np.int64), per_doc), per_doc, flat, nonempty)
-
-
-def _hash_lines(lines: pa.Array) -> np.ndarray:
-    """`line_hash` of every line, computed once per distinct line."""
-    encoded = pc.dictionary_encode(lines)
-    uniques = encoded.dictionary.to_pylist()
-    table = np.fromiter((line_hash(u) for u in uniques), dtype=np.int64, count=len(uniques))
-    return table[encoded.indices.to_numpy(zero_copy_only=False)] if len(uniques) else np.empty(0, np.int64)
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    data, offsets = utf8_buffers(texts)
+    trim, strip, wide = _line_tables()
+    per_doc, lo, hi, width, hashes = quality_loops.line_scan(data, offsets, trim, strip, wide)
+    doc = np.repeat(np.arange(len(texts), dtype=np.int64), per_doc)
+    return _Lines(doc, per_doc, hi > lo, width, hashes, data, lo, hi)
 
 
 def _count_part(path: str, min_width: int) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(source names, documents per source, and per (source, line) pair: source index, line hash,
-    documents holding it) for one partition. Vectorised with Arrow: lines split, trimmed and measured
-    as arrays; only distinct lines are hashed in Python."""
+    documents holding it) for one partition. Lines are split, trimmed, measured and hashed by one
+    compiled pass over the part's UTF-8 buffer (`quality_loops.line_scan`)."""
     table = pq.read_table(path, columns=["text", "source"])
     sources = pc.fill_null(table.column("source").combine_chunks().cast(pa.string()), "")
     src_codes = pc.dictionary_encode(sources)
@@ -87,8 +134,8 @@ def _count_part(path: str, min_width: int) -> tuple[list[str], np.ndarray, np.nd
     per_source = np.bincount(doc_src, minlength=len(src_names))
     lines = _split_lines(table.column("text").combine_chunks())
     # a one- or two-line document is content (or a duplicate), not a page with boilerplate
-    keep = (lines.nonempty_per_doc[lines.doc] >= MIN_DOC_LINES) & (line_widths(lines.flat) >= min_width)
-    hashes = _hash_lines(lines.flat.filter(pa.array(keep)))
+    keep = (lines.nonempty_per_doc[lines.doc] >= MIN_DOC_LINES) & (lines.width >= min_width)
+    hashes = lines.hashes[keep]
     # once per document: distinct (document, line) pairs, then count documents per (source, line)
     pairs = pd.DataFrame({"doc": lines.doc[keep], "hash": hashes}).drop_duplicates()  # hash-based, not a sort
     keyed = pd.DataFrame({"src": doc_src[pairs["doc"].to_numpy()], "hash": pairs["hash"].to_numpy()})
@@ -148,41 +195,55 @@ def sum_line_counts(chunks: list[np.ndarray], min_docs: int) -> np.ndarray:
 
 def strip_lines(texts: list[str], sources: list[str], drop: dict[str, set[int]],
                 named: Optional[dict[int, Optional[list]]] = None) -> tuple[list[str], np.ndarray]:
+    """`strip_lines_array` of a list of strings (the texts come back as they were when no line goes)."""
+    if not any(drop.get(s) for s in sources):
+        return texts, np.zeros(len(texts), dtype=np.int64)
+    out, removed = strip_lines_array(pa.array(texts, pa.string()), np.asarray(sources, dtype=object), drop, named)
+    return (out.to_pylist() if removed.any() else texts), removed
+
+
+def strip_lines_array(texts: pa.Array, sources: np.ndarray, drop: dict[str, set[int]],
+                      named: Optional[dict[int, Optional[list]]] = None) -> tuple[pa.Array, np.ndarray]:
     """Remove the lines listed for each document's source; returns the texts and the lines removed
-    from each document. Lines are split and hashed as Arrow arrays (distinct lines only); Python
-    only rejoins the documents that lose a line. A document that would lose every line is left
-    whole: all of it recurs elsewhere, which is for dedup to judge, not boilerplate to strip.
-    `named` ({hash: None}) gets [text, times removed here] for those lines, so a report can show
-    the lines, not only their hashes."""
-    removed = np.zeros(len(texts), dtype=np.int64)
-    wanted = [i for i, s in enumerate(sources) if drop.get(s)]
-    if not wanted:
+    from each document. Lines are split, hashed and the documents that lose a line rebuilt by
+    compiled passes over the Arrow UTF-8 buffer (`quality_loops.line_scan`, `drop_lines`). A
+    document that would lose every line is left whole: all of it recurs elsewhere, which is for
+    dedup to judge, not boilerplate to strip. `named` ({hash: None}) gets [text, times removed here]
+    for those lines, so a report can show the lines, not only their hashes."""
+    n = len(texts)
+    removed = np.zeros(n, dtype=np.int64)
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    present = [s for s in dict.fromkeys(sources.tolist()) if drop.get(s)]
+    if not present or not n:
         return texts, removed
-    lines = _split_lines(pa.array([texts[i] for i in wanted], pa.string()))
-    hashes = _hash_lines(lines.flat)
-    # one membership test per source present
-    doc_source = np.array([sources[i] for i in wanted], dtype=object)
+    lines = _split_lines(texts)
+    hashes = lines.hashes
     hit = np.zeros(len(hashes), dtype=bool)
-    for source in set(doc_source.tolist()):
-        lines_of = (doc_source == source)[lines.doc]
+    for source in present:  # one membership test per source present
+        lines_of = (sources == source)[lines.doc]
         hit[lines_of] = np.isin(hashes[lines_of], np.fromiter(drop[source], dtype=np.int64))
     hit &= lines.nonempty
     lines_per_doc = lines.nonempty_per_doc
-    hits_per_doc = np.bincount(lines.doc[hit], minlength=len(wanted))
+    hits_per_doc = np.bincount(lines.doc[hit], minlength=n)
     strip = (hits_per_doc > 0) & (lines_per_doc >= MIN_DOC_LINES) & (hits_per_doc < lines_per_doc)
+    if not strip.any():
+        return texts, removed
     if named and hit.any():
         removed_here = hit & strip[lines.doc]
         idx = np.flatnonzero(removed_here & np.isin(hashes, np.fromiter(named, dtype=np.int64)))
         uniq, first, counts = np.unique(hashes[idx], return_index=True, return_counts=True)
         for h, k, c in zip(uniq.tolist(), idx[first].tolist(), counts.tolist()):
-            text, before = named.get(h) or (lines.flat[k].as_py(), 0)
+            text, before = named.get(h) or (lines.text(k), 0)
             named[h] = [text, before + c]
-    out = list(texts)
-    starts = np.concatenate([[0], np.cumsum(lines.per_doc)])
-    for j in np.flatnonzero(strip):
-        i = wanted[j]
-        bad = hit[starts[j]:starts[j + 1]]
-        kept = (line for line, b in zip(texts[i].split("\n"), bad) if not b)
-        out[i] = _BLANK_RUNS.sub("\n\n", "\n".join(kept)).strip()
-        removed[i] = int(bad.sum())
-    return out, removed
+    data, offsets = utf8_buffers(texts)
+    line_start = np.zeros(n, dtype=np.int64)
+    np.cumsum(lines.per_doc[:-1], out=line_start[1:])
+    _, strip_ws, _ = _line_tables()
+    buf, new_off = quality_loops.drop_lines(data, offsets, hit, line_start, strip, strip_ws)
+    removed[strip] = hits_per_doc[strip]
+    if texts.null_count and texts.offset:  # a validity bitmap that does not start at bit 0
+        texts = texts.take(pa.array(np.arange(n, dtype=np.int64)))
+    validity = texts.buffers()[0] if texts.null_count else None
+    out = pa.LargeStringArray.from_buffers(n, pa.py_buffer(new_off), pa.py_buffer(buf), validity, texts.null_count, 0)
+    return out.cast(pa.string()), removed

@@ -12,10 +12,11 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .base import REMOVED_SCHEMA, BatchResult, removed_frame, write_table_atomic
-from .boilerplate import strip_lines
+from .boilerplate import strip_lines_array
 from .quality import decide, detected_language, dominant_script, score_texts
 
 
@@ -36,14 +37,14 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
     `blocked` ({terms, sha256}): scores blocked_words / blocked_words_per_1k (stages.blocklist).
     `language` ({max_chars, keep, min_score}): scores language / language_score with the shipped
     fastText model (stages.langid); the language then stands for the script heuristic's `lang`."""
-    texts, sources = df["text"].tolist(), df["source"].fillna("").tolist()
-    src = np.asarray(sources, dtype=object)
+    texts = _text_array(df["text"])  # Arrow throughout: no Python string per document
+    src = np.asarray(pc.fill_null(_text_array(df["source"]), "").to_numpy(zero_copy_only=False), dtype=object)
     overrides = overrides or []
     options = score_options or {}
     lines_removed = np.zeros(len(df), dtype=np.int64)
     named: dict[int, Optional[list]] = dict.fromkeys(name_lines or [])
     if drop_lines:
-        texts, lines_removed = strip_lines(texts, sources, drop_lines, named)
+        texts, lines_removed = strip_lines_array(texts, src, drop_lines, named)
     if reuse_scores and scores_path and os.path.isfile(scores_path):
         scores = pq.read_table(scores_path).to_pandas()
         if len(scores) != len(df) or not np.array_equal(scores["uid"].to_numpy(), df["uid"].to_numpy(dtype="int64")):
@@ -72,7 +73,7 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
     drop = pd.notna(reason)
     out = df.copy()
     if lines_removed.any():
-        out["text"] = pd.arrays.ArrowExtensionArray(pa.array(texts, pa.string()))
+        out["text"] = pd.arrays.ArrowExtensionArray(texts)
     removed_out = removed_frame(df[drop], pd.Series(reason[drop]), pd.Series(score[drop]), pd.Series(threshold[drop]),
                                 text_chars=audit_text_chars)
     counts = pd.Series(reason[drop]).value_counts().to_dict() if drop.any() else {}
@@ -113,10 +114,12 @@ def _read_languages(df: pd.DataFrame) -> Optional[tuple[np.ndarray, np.ndarray]]
     return df["language"].to_numpy(dtype=object), df["language_score"].to_numpy(dtype=np.float64)
 
 
-def _model_scores(scores: pd.DataFrame, texts: list[str], blocked: Optional[dict],
+def _model_scores(scores: pd.DataFrame, texts: pa.Array, blocked: Optional[dict],
                   language: Optional[dict], identified: Optional[tuple] = None) -> pd.DataFrame:
     """The scores of a user's blocked-words list and of the language model, beside the others; the
     language is the read step's (`identified`) when it has one, else identified here."""
+    if blocked or (language and identified is None):
+        texts = texts.to_pylist()  # these kernels take Python strings
     if blocked:
         from .blocklist import score_blocked
 
@@ -156,7 +159,7 @@ def match_overrides(sources: np.ndarray, scores: pd.DataFrame, overrides: list[d
     return group
 
 
-def _rescore_overrides(scores: pd.DataFrame, texts: list[str], sources: np.ndarray, overrides: list[dict],
+def _rescore_overrides(scores: pd.DataFrame, texts: pa.Array, sources: np.ndarray, overrides: list[dict],
                        options: dict) -> pd.DataFrame:
     """Documents governed by an override with its own score options, scored again with them."""
     if not any(o.get("score_options") for o in overrides):
@@ -167,7 +170,7 @@ def _rescore_overrides(scores: pd.DataFrame, texts: list[str], sources: np.ndarr
         if not overrides[k].get("score_options"):
             continue
         rows = np.flatnonzero(group == k)
-        again = score_in_chunks([texts[i] for i in rows], overrides[k]["score_options"])
+        again = score_in_chunks(texts.take(pa.array(rows)), overrides[k]["score_options"])
         for c in columns:
             if c in again:  # the language model's and blocked words' scores do not depend on score options
                 columns[c][rows] = again[c].to_numpy()
@@ -177,15 +180,32 @@ def _rescore_overrides(scores: pd.DataFrame, texts: list[str], sources: np.ndarr
 SCORE_CHUNK_CHARS = 4_000_000  # scoring holds about 60 bytes per character: chunks bound the memory
 
 
-def score_in_chunks(texts: list[str], options: dict) -> pd.DataFrame:
-    """`score_texts` over runs of documents of about SCORE_CHUNK_CHARS characters each."""
-    frames, start, size = [], 0, 0
-    for i, t in enumerate(texts):
-        size += len(t)
-        if size >= SCORE_CHUNK_CHARS or i == len(texts) - 1:
-            frames.append(score_texts(pa.array(texts[start:i + 1], pa.string()), **options))
-            start, size = i + 1, 0
-    return pd.concat(frames, ignore_index=True) if frames else score_texts(pa.array([], pa.string()), **options)
+def score_in_chunks(texts: pa.Array | list[str], options: dict) -> pd.DataFrame:
+    """`score_texts` over runs of documents of about SCORE_CHUNK_CHARS characters each (zero-copy
+    slices of one Arrow array; the scores of a document do not depend on its neighbours)."""
+    if not isinstance(texts, (pa.Array, pa.ChunkedArray)):
+        texts = pa.array(texts, pa.string())
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    if not len(texts):
+        return score_texts(texts, **options)
+    ends = np.cumsum(pc.fill_null(pc.utf8_length(texts), 0).to_numpy(zero_copy_only=False))
+    frames, start = [], 0
+    while start < len(texts):  # a chunk ends at the first document reaching SCORE_CHUNK_CHARS (at least one)
+        before = ends[start - 1] if start else 0
+        stop = min(int(np.searchsorted(ends, before + SCORE_CHUNK_CHARS, side="left")) + 1, len(texts))
+        frames.append(score_texts(texts.slice(start, stop - start), **options))
+        start = stop
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def _text_array(column: pd.Series) -> pa.Array:
+    """A frame's string column as one Arrow array (no copy when it is Arrow-backed already)."""
+    values = column.array
+    arr = values._pa_array if hasattr(values, "_pa_array") else pa.array(column.tolist(), pa.string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    return arr.cast(pa.string()) if arr.type != pa.string() else arr
 
 
 def _counts(values: np.ndarray) -> dict[str, int]:

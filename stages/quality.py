@@ -156,7 +156,8 @@ def _segment_stats(texts: pa.Array, pattern: str, cjk_doc: np.ndarray, short_cha
     """Per document: segment count, duplicate segments (after the first) by count and characters,
     and (for lines) bullet / ellipsis / terminal / short / boilerplate line counts."""
     n = len(texts)
-    lists = pc.split_pattern_regex(texts, pattern)
+    # a plain newline splits as the literal kernel does, without the regex engine
+    lists = pc.split_pattern(texts, "\n") if pattern == r"\n" else pc.split_pattern_regex(texts, pattern)
     offsets = lists.offsets.to_numpy()
     bounds = offsets - offsets[0]
     flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
@@ -182,10 +183,18 @@ def _segment_stats(texts: pa.Array, pattern: str, cjk_doc: np.ndarray, short_cha
     if short_chars is not None:
         is_cjk_line = np.asarray(cjk_doc, dtype=bool)[seg_doc]
         short = np.where(is_cjk_line, lengths <= short_chars_cjk, lengths <= short_chars) & real
-        for name, pat in (("bullet", BULLET_START), ("ellipsis", ELLIPSIS_END), ("terminal", TERMINAL_END),
-                          ("boilerplate", BOILERPLATE_LINE)):
+        for name, pat in (("bullet", BULLET_START), ("ellipsis", ELLIPSIS_END), ("terminal", TERMINAL_END)):
             hit = pc.match_substring_regex(flat, pat).to_numpy(zero_copy_only=False) & real
             out[f"{name}_lines"] = np.bincount(seg_doc[hit], minlength=n)
+        # unanchored and never spanning a newline: a line can only match in a document that matches, so
+        # the lines of the (few) matching documents are the only ones searched
+        doc_hit = pc.fill_null(pc.match_substring_regex(texts, BOILERPLATE_LINE), False).to_numpy(zero_copy_only=False)
+        hit = np.zeros(len(seg_doc), dtype=bool)
+        maybe = doc_hit[seg_doc] & real
+        if maybe.any():
+            idx = np.flatnonzero(maybe)
+            hit[idx] = pc.match_substring_regex(flat.take(pa.array(idx)), BOILERPLATE_LINE).to_numpy(zero_copy_only=False)
+        out["boilerplate_lines"] = np.bincount(seg_doc[hit], minlength=n)
         out["short_lines"] = np.bincount(seg_doc[short], minlength=n)
     return out
 
@@ -198,26 +207,18 @@ DUP_NGRAMS = (5, 6, 7, 8, 9, 10)
 def _gopher_components(lowered: pa.Array, cjk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`shingles._component_hashes(..., with_lengths=True)` of lowercased texts with punctuation
     stripped: words (maximal runs of characters that are neither whitespace nor punctuation or
-    symbols, cut by the compiled `split_words` instead of a regex replace and a split) hashed with
-    xxh3 once per distinct word, CJK characters as the shingler hashes them."""
-    import xxhash
-
+    symbols, cut and hashed with xxh3 by the compiled `word_hashes`), CJK characters as the shingler
+    hashes them."""
     n = len(lowered)
     counts = np.zeros(n, dtype=np.int64)
     word_idx = np.flatnonzero(~cjk)
     cjk_idx = np.flatnonzero(cjk)
-    starts_all = None
     parts = []
     if len(word_idx):
         flags, _ = _text_tables()
         sep = (flags & (quality_loops.WS | quality_loops.PUNCT)) > 0
         data, offsets = utf8_buffers(lowered)
-        buf, word_off, word_len, per_doc = quality_loops.split_words(data, offsets, word_idx, sep)
-        words = pa.LargeStringArray.from_buffers(len(word_len), pa.py_buffer(word_off), pa.py_buffer(buf))
-        encoded = pc.dictionary_encode(words)
-        uniques = encoded.dictionary.to_pylist()
-        table = np.fromiter((xxhash.xxh3_64_intdigest(w.encode("utf-8")) for w in uniques), dtype=np.uint64, count=len(uniques))
-        hashes = table[encoded.indices.to_numpy(zero_copy_only=False)] if len(uniques) else np.empty(0, np.uint64)
+        hashes, word_len, per_doc = quality_loops.word_hashes(data, offsets, word_idx, sep)
         counts[word_idx] = per_doc
         parts.append((word_idx, hashes, word_len.astype(np.float64)))
     if len(cjk_idx):
@@ -226,6 +227,8 @@ def _gopher_components(lowered: pa.Array, cjk: np.ndarray) -> tuple[np.ndarray, 
         comp, sub_counts, comp_len = _component_hashes(sub, np.ones(len(cjk_idx), dtype=bool), spec, with_lengths=True)
         counts[cjk_idx] = sub_counts
         parts.append((cjk_idx, comp, comp_len))
+    if len(parts) == 1:  # one group holds every document, already in document order
+        return np.asarray(parts[0][1], dtype=np.uint64), counts, np.asarray(parts[0][2], dtype=np.float64)
     starts_all = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=starts_all[1:])
     flat = np.empty(starts_all[-1], dtype=np.uint64)

@@ -13,6 +13,7 @@ import numba as nb
 import numpy as np
 
 from .sketch import decode_utf8
+from .xxh3 import xxh3_64
 
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -66,16 +67,19 @@ def _fmix64(x):
 
 
 @nb.njit(inline="always")
-def _count_windows(comp, lo, cand, n_cand, w, keys, cnt, stamp, generation, slot_of, later):
+def _count_windows(comp, lo, cand, n_cand, prev_w, w, hv, keys, cnt, stamp, generation, slot_of, later):
     """Occurrences of every candidate window's n-gram in one document (an open-addressing table;
-    slots of an older `generation` are free), and whether an earlier window had the same n-gram."""
+    slots of an older `generation` are free), and whether an earlier window had the same n-gram.
+    `hv[j]` holds the fold of candidate j's first `prev_w` components (the previous size's key) and
+    is extended to `w` components here: the same key, without refolding the whole window per size."""
     P = np.uint64(0x100000001B3)
     mask = np.uint64(len(keys) - 1)
     for j in range(n_cand):
         s = lo + cand[j]
-        h = np.uint64(0)
-        for q in range(w):
+        h = hv[j]
+        for q in range(prev_w, w):
             h = h * P + comp[s + q]
+        hv[j] = h
         slot = _fmix64(h) & mask
         while stamp[slot] == generation and keys[slot] != h:
             slot = (slot + np.uint64(1)) & mask
@@ -150,6 +154,7 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
     cnt = np.zeros(cap, dtype=np.int64)
     stamp = np.full(cap, -1, dtype=np.int64)
     cand = np.empty(longest, dtype=np.int64)
+    hv = np.empty(longest, dtype=np.uint64)
     slot_of = np.empty(longest, dtype=np.int64)
     later = np.empty(longest, dtype=np.bool_)
     diff = np.zeros(longest + 1, dtype=np.int64)
@@ -166,6 +171,8 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
         n_cand = m
         for j in range(m):
             cand[j] = j
+            hv[j] = 0
+        prev_w = 0
         for z in range(n_sizes):
             w = sizes[d, z]
             # drop the starts whose window runs past the end
@@ -173,12 +180,14 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
             for j in range(n_cand):
                 if cand[j] + w <= m:
                     cand[k] = cand[j]
+                    hv[k] = hv[j]
                     k += 1
             n_cand = k
             if n_cand == 0:
                 break
             generation += 1
-            _count_windows(comp, lo, cand, n_cand, w, keys, cnt, stamp, generation, slot_of, later)
+            _count_windows(comp, lo, cand, n_cand, prev_w, w, hv, keys, cnt, stamp, generation, slot_of, later)
+            prev_w = w
             if z < n_top:
                 out[d, z] = _top_share(comp_len, lo, cand, n_cand, w, cnt, slot_of) / denom
             else:
@@ -188,6 +197,7 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
             for j in range(n_cand):
                 if cnt[slot_of[j]] > 1:
                     cand[k] = cand[j]
+                    hv[k] = hv[j]
                     k += 1
             n_cand = k
     return out
@@ -298,41 +308,165 @@ def _is_stop(buf, length, trim, stop_words, stop_len):
     return False
 
 
+@nb.njit(inline="always")
+def _char_start_before(data, j):
+    """Index of the first byte of the UTF-8 character that ends just before `j`."""
+    j -= 1
+    while (data[j] & 0xC0) == 0x80:
+        j -= 1
+    return j
+
+
+@nb.njit(inline="always")
+def _trim(data, a, b, ws):
+    """[a, b) without the characters `ws` marks at either end."""
+    while a < b:
+        c, nxt = decode_utf8(data, a)
+        if not ws[c]:
+            break
+        a = nxt
+    while b > a:
+        j = _char_start_before(data, b)
+        c, _ = decode_utf8(data, j)
+        if not ws[c]:
+            break
+        b = j
+    return a, b
+
+
 @nb.njit(cache=True, nogil=True)
-def split_words(data: np.ndarray, offsets: np.ndarray, docs: np.ndarray, sep: np.ndarray) -> tuple:
-    """The words of documents `docs`: maximal runs of characters that are not `sep` (whitespace,
-    punctuation and symbols), as a new UTF-8 buffer with int64 word offsets, each word's length in
-    characters, and the word count per document."""
+def line_scan(data: np.ndarray, offsets: np.ndarray, trim_ws: np.ndarray, strip_ws: np.ndarray,
+              wide: np.ndarray) -> tuple:
+    """Every line of every document (split on "\\n", as Arrow's split_pattern: a document of k
+    newlines has k + 1 lines), in one pass over an Arrow UTF-8 buffer: lines per document, and per
+    line its byte range trimmed of `trim_ws` characters (Arrow's utf8_trim_whitespace), its display
+    width there (characters, `wide` ones counting 2), and the xxh3-64 of that range further stripped
+    of `strip_ws` characters (Python's str.strip), as a signed int64 (`boilerplate.line_hash`)."""
+    n = len(offsets) - 1
+    per_doc = np.zeros(n, dtype=np.int64)
+    total = 0
+    for d in range(n):
+        k = 1
+        for i in range(offsets[d], offsets[d + 1]):
+            if data[i] == 10:
+                k += 1
+        per_doc[d] = k
+        total += k
+    lo = np.empty(total, dtype=np.int64)
+    hi = np.empty(total, dtype=np.int64)
+    width = np.empty(total, dtype=np.int64)
+    hashes = np.empty(total, dtype=np.int64)
+    sign = np.uint64(1) << np.uint64(63)
+    k = 0
+    for d in range(n):
+        start, end = offsets[d], offsets[d + 1]
+        s = start
+        while True:
+            e = s
+            while e < end and data[e] != 10:
+                e += 1
+            a, b = _trim(data, s, e, trim_ws)
+            lo[k] = a
+            hi[k] = b
+            w = 0
+            i = a
+            while i < b:
+                c, i = decode_utf8(data, i)
+                w += 1 + wide[c]
+            width[k] = w
+            a2, b2 = _trim(data, a, b, strip_ws)
+            hashes[k] = np.int64(xxh3_64(data, a2, b2) ^ sign)
+            k += 1
+            if e >= end:
+                break
+            s = e + 1
+    return per_doc, lo, hi, width, hashes
+
+
+@nb.njit(cache=True, nogil=True)
+def word_hashes(data: np.ndarray, offsets: np.ndarray, docs: np.ndarray, sep: np.ndarray) -> tuple:
+    """The words of documents `docs` (maximal runs of characters that are not `sep`: whitespace,
+    punctuation and symbols) as the xxh3-64 of their UTF-8 bytes, each word's length in characters,
+    and the word count per document: no word is made a string."""
     total = 0
     for d in docs:
         total += offsets[d + 1] - offsets[d]
-    out = np.empty(max(total, 1), dtype=np.uint8)
-    word_off = np.zeros(total + 1, dtype=np.int64)
+    hashes = np.empty(total, dtype=np.uint64)
     word_len = np.zeros(total, dtype=np.int64)
     counts = np.zeros(len(docs), dtype=np.int64)
-    k = 0  # bytes written
-    w = 0  # words
+    w = 0
     for j in range(len(docs)):
         d = docs[j]
         i, end = offsets[d], offsets[d + 1]
-        in_word = False
+        start = -1
+        length = 0
         while i < end:
-            start = i
+            here = i
             c, i = decode_utf8(data, i)
             if sep[c]:
-                if in_word:
+                if start >= 0:
+                    hashes[w] = xxh3_64(data, start, here)
+                    word_len[w] = length
                     w += 1
-                    word_off[w] = k
-                    in_word = False
+                    start = -1
                 continue
-            if not in_word:
-                in_word = True
+            if start < 0:
+                start = here
+                length = 0
                 counts[j] += 1
-            for b in range(start, i):
-                out[k] = data[b]
-                k += 1
-            word_len[w] += 1
-        if in_word:
+            length += 1
+        if start >= 0:
+            hashes[w] = xxh3_64(data, start, end)
+            word_len[w] = length
             w += 1
-            word_off[w] = k
-    return out[:max(k, 1)], word_off[:w + 1], word_len[:w], counts
+    return hashes[:w], word_len[:w], counts
+
+
+@nb.njit(cache=True, nogil=True)
+def drop_lines(data: np.ndarray, offsets: np.ndarray, line_hit: np.ndarray, line_start: np.ndarray,
+               strip: np.ndarray, strip_ws: np.ndarray) -> tuple:
+    """Documents with the lines `line_hit` marks removed where `strip` says so (the others copied as
+    they are): the kept lines joined with "\\n", runs of three or more newlines made two, then stripped
+    of `strip_ws` characters at both ends (what `boilerplate.strip_lines` did in Python with split,
+    join, a regex and str.strip). `line_start[d]`: the index of document d's first line."""
+    n = len(offsets) - 1
+    out = np.empty(max(offsets[n] - offsets[0], 1), dtype=np.uint8)
+    new_off = np.zeros(n + 1, dtype=np.int64)
+    k = 0
+    for d in range(n):
+        s, end = offsets[d], offsets[d + 1]
+        if not strip[d]:
+            for i in range(s, end):
+                out[k] = data[i]
+                k += 1
+            new_off[d + 1] = k
+            continue
+        k0 = k
+        line = line_start[d]
+        first = True
+        newlines = 0  # newlines at the end of what is written
+        while True:
+            e = s
+            while e < end and data[e] != 10:
+                e += 1
+            if not line_hit[line]:
+                if not first:
+                    if newlines < 2:
+                        out[k] = 10
+                        k += 1
+                        newlines += 1
+                first = False
+                for i in range(s, e):
+                    out[k] = data[i]
+                    k += 1
+                    newlines = newlines + 1 if data[i] == 10 else 0
+            line += 1
+            if e >= end:
+                break
+            s = e + 1
+        a, b = _trim(out, k0, k, strip_ws)
+        for i in range(a, b):
+            out[k0 + i - a] = out[i]
+        k = k0 + (b - a)
+        new_off[d + 1] = k
+    return out[:max(k, 1)], new_off

@@ -237,3 +237,54 @@ def test_normalize_takes_a_part_of_several_row_groups():
     out = normalize_batch(df)
     assert out.kept["text"].tolist() == ["full width", "plain", "fine", "ascii"]
     assert out.stats["docs_changed"] == 2
+
+
+def test_compiled_xxh3_equals_xxhash_for_every_length_class():
+    import xxhash
+
+    from corpusmill.stages.xxh3 import hash_ranges
+
+    rng = np.random.default_rng(3)
+    buf = rng.integers(0, 256, 4000, dtype=np.uint8)
+    # 0, 1-3, 4-8, 9-16, 17-128, 129-240, long (one block, several blocks, a partial last stripe)
+    lengths = [0, 1, 2, 3, 4, 7, 8, 9, 16, 17, 64, 100, 128, 129, 200, 240, 241, 1023, 1024, 1025, 2100, 3999]
+    starts = np.array([int(rng.integers(0, 4000 - n + 1)) for n in lengths], dtype=np.int64)
+    ends = starts + np.array(lengths, dtype=np.int64)
+    want = [xxhash.xxh3_64_intdigest(buf[s:e].tobytes()) for s, e in zip(starts, ends)]
+    assert hash_ranges(buf, starts, ends).tolist() == want
+
+
+def _reference_strip(text: str, bad: set) -> tuple[str, int]:
+    """The Python definition the compiled line passes replace: lines trimmed by Arrow, hashed after
+    str.strip, removed when listed, the rest joined with blank-line runs cut to one, stripped."""
+    import re
+
+    lines = text.split("\n")
+    trimmed = pc.utf8_trim_whitespace(pa.array(lines, pa.string())).to_pylist()
+    hit = [bool(t) and line_hash(t) in bad for t in trimmed]
+    nonempty = sum(1 for t in trimmed if t)
+    if not any(hit) or nonempty < 3 or sum(hit) >= nonempty:
+        return text, 0
+    kept = "\n".join(line for line, h in zip(lines, hit) if not h)
+    return re.sub(r"\n{3,}", "\n\n", kept).strip(), sum(hit)
+
+
+def test_compiled_line_pass_equals_the_python_definition():
+    from corpusmill.stages.boilerplate import _split_lines
+
+    banner = "Menu \u00a0| Home"
+    texts = [f" {banner}\u3000\nChapter 1\n\n\n{banner}\nIt was a dark night.\x1c\n  \n",
+             f"\u2003{banner}\n第 1 章\n上一页 \nfin\n\n\n\n{banner}",
+             f"{banner}\n{banner}\n{banner}",  # every line listed: left whole
+             "", "\n", f"{banner}\nshort",  # fewer than three lines: left whole
+             f"a\n{banner}\nb\n\n\n\nc\t\n"]
+    bad = {line_hash(banner)}
+    out, removed = strip_lines(texts, ["s"] * len(texts), {"s": bad})
+    want = [_reference_strip(t, bad) for t in texts]
+    assert out == [w[0] for w in want] and removed.tolist() == [w[1] for w in want]
+    lines = _split_lines(pa.array(texts, pa.string()))
+    flat = [line for t in texts for line in t.split("\n")]
+    trimmed = pc.utf8_trim_whitespace(pa.array(flat, pa.string())).to_pylist()
+    assert lines.hashes.tolist() == [line_hash(t) for t in trimmed]
+    assert lines.width.tolist() == [line_width(t) if t else 0 for t in trimmed]
+    assert [lines.text(k) for k in range(len(flat))] == trimmed
