@@ -51,42 +51,24 @@ _LINE_TABLES: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None
 def _line_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per code point: trimmed by Arrow's utf8_trim_whitespace, stripped by Python's str.strip, and
     counted wide by `WIDE` (RE2): taken from those kernels once, so the compiled `line_scan` splits,
-    trims, measures and hashes lines exactly as `line_widths` and `line_hash` do. Cached on disk
-    beside the compiled loops, keyed by the pyarrow version and the pattern."""
+    trims, measures and hashes lines exactly as `line_widths` and `line_hash` do."""
     global _LINE_TABLES
-    if _LINE_TABLES is not None:
-        return _LINE_TABLES
-    import hashlib
-    import os
-    from pathlib import Path
+    if _LINE_TABLES is None:
+        t = quality_loops.code_point_tables("line-tables", f"{pa.__version__}{WIDE}", _build_line_tables)
+        _LINE_TABLES = (t["trim"], t["strip"], t["wide"])
+    return _LINE_TABLES
 
-    key = hashlib.sha256(f"{pa.__version__}{WIDE}".encode()).hexdigest()[:12]
-    cache = Path(__file__).resolve().parent / "__pycache__" / f"line-tables-{key}.npz"
-    try:
-        with np.load(cache) as z:
-            _LINE_TABLES = (z["trim"], z["strip"], z["wide"])
-        if all(len(t) == 0x110000 for t in _LINE_TABLES):
-            return _LINE_TABLES
-    except (OSError, ValueError, KeyError):
-        pass
-    points = np.concatenate([np.arange(0xD800), np.arange(0xE000, 0x110000)])  # no surrogates in UTF-8
+
+def _build_line_tables(points: np.ndarray) -> dict[str, np.ndarray]:
     chars = [chr(c) for c in points.tolist()]
     arr = pa.array(chars, pa.string())
-    trim = np.zeros(0x110000, dtype=np.bool_)
+    trim = np.zeros(quality_loops.CODE_POINTS, dtype=np.bool_)
     trim[points[pc.utf8_length(pc.utf8_trim_whitespace(arr)).to_numpy() == 0]] = True
-    strip = np.zeros(0x110000, dtype=np.bool_)
+    strip = np.zeros(quality_loops.CODE_POINTS, dtype=np.bool_)
     strip[points[np.fromiter((ch.isspace() for ch in chars), dtype=bool, count=len(chars))]] = True
-    wide = np.zeros(0x110000, dtype=np.int64)
+    wide = np.zeros(quality_loops.CODE_POINTS, dtype=np.int64)
     wide[points[pc.count_substring_regex(arr, WIDE).to_numpy() > 0]] = 1
-    _LINE_TABLES = (trim, strip, wide)
-    try:  # a read-only install simply recomputes them per process
-        cache.parent.mkdir(exist_ok=True)
-        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, trim=trim, strip=strip, wide=wide)
-        os.replace(tmp, cache)
-    except OSError:
-        pass
-    return _LINE_TABLES
+    return {"trim": trim, "strip": strip, "wide": wide}
 
 
 @dataclass

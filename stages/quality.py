@@ -18,7 +18,6 @@ its n-gram sizes are scaled (a Chinese word is about two characters).
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Optional
 
 import numpy as np
@@ -50,37 +49,22 @@ CLASS_TABLES_VERSION = 1  # bump when _build_class_tables changes: the tables ca
 
 
 def _class_tables() -> tuple[np.ndarray, np.ndarray]:
-    """(class of every code point, traditional/simplified marker: 1 traditional-only, 2 simplified-only)."""
+    """(class of every code point, traditional/simplified marker: 1 traditional-only, 2 simplified-only).
+    1.1M unicodedata calls take seconds in every process (each Dask worker): cached on disk, keyed by
+    the Unicode version and the definition."""
     global _TABLES
-    if _TABLES is not None:
-        return _TABLES
-    import os
-    import unicodedata
-    from pathlib import Path
+    if _TABLES is None:
+        import unicodedata
 
-    # 1.1M unicodedata calls take seconds in every process (each Dask worker): kept on disk beside
-    # the compiled loops' cache, keyed by the Unicode version and the definition's hash
-    key = hashlib.sha256((f"{CLASS_TABLES_VERSION}{TRADITIONAL_ONLY}{SIMPLIFIED_ONLY}").encode()).hexdigest()[:12]
-    cache = Path(__file__).resolve().parent / "__pycache__" / f"class-tables-{unicodedata.unidata_version}-{key}.npz"
-    try:
-        with np.load(cache) as z:
-            _TABLES = (z["cls"], z["ts"])
-        if len(_TABLES[0]) == 0x110000 and len(_TABLES[1]) == 0x110000:
-            return _TABLES
-    except (OSError, ValueError, KeyError):
-        pass
-    _TABLES = _build_class_tables()
-    try:  # a read-only install simply recomputes them per process
-        cache.parent.mkdir(exist_ok=True)
-        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, cls=_TABLES[0], ts=_TABLES[1])
-        os.replace(tmp, cache)
-    except OSError:
-        pass
+        t = quality_loops.code_point_tables(
+            "class-tables", f"{unicodedata.unidata_version}{CLASS_TABLES_VERSION}{TRADITIONAL_ONLY}{SIMPLIFIED_ONLY}",
+            _build_class_tables)
+        _TABLES = (t["cls"], t["ts"])
     return _TABLES
 
 
-def _build_class_tables() -> tuple[np.ndarray, np.ndarray]:
+def _build_class_tables(_points: np.ndarray) -> dict[str, np.ndarray]:
+    """Over every code point, surrogates included (they mark a wrong decoding)."""
     import unicodedata
 
     cls = np.full(0x110000, C_OTHER, dtype=np.uint8)
@@ -109,7 +93,7 @@ def _build_class_tables() -> tuple[np.ndarray, np.ndarray]:
     ts = np.zeros(0x110000, dtype=np.uint8)
     ts[[ord(c) for c in TRADITIONAL_ONLY]] = 1
     ts[[ord(c) for c in SIMPLIFIED_ONLY]] = 2
-    return cls, ts
+    return {"cls": cls, "ts": ts}
 
 
 def _code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -271,27 +255,19 @@ _TEXT_TABLES: Optional[tuple[np.ndarray, np.ndarray]] = None
 def _text_tables() -> tuple[np.ndarray, np.ndarray]:
     """(flags, lowmap) per code point for `quality_loops.text_counts`, taken from the Arrow kernels
     (RE2 classes, utf8_split_whitespace, utf8_lower) the scores were defined with, applied to every
-    code point once: the compiled loop then counts exactly what those kernels count. Cached on disk,
-    keyed by the pyarrow version."""
+    code point once: the compiled loop then counts exactly what those kernels count."""
     global _TEXT_TABLES
-    if _TEXT_TABLES is not None:
-        return _TEXT_TABLES
-    import os
-    from pathlib import Path
+    if _TEXT_TABLES is None:
+        t = quality_loops.code_point_tables("text-tables", f"{pa.__version__}{WORD_CHARS}{ZH_STOP_CHARS}{MOJIBAKE}{PUNCT}",
+                                            _build_text_tables)
+        _TEXT_TABLES = (t["flags"], t["lowmap"])
+    return _TEXT_TABLES
 
-    key = hashlib.sha256(f"{pa.__version__}{WORD_CHARS}{ZH_STOP_CHARS}{MOJIBAKE}{PUNCT}".encode()).hexdigest()[:12]
-    cache = Path(__file__).resolve().parent / "__pycache__" / f"text-tables-{key}.npz"
-    try:
-        with np.load(cache) as z:
-            _TEXT_TABLES = (z["flags"], z["lowmap"])
-        if len(_TEXT_TABLES[0]) == 0x110000:
-            return _TEXT_TABLES
-    except (OSError, ValueError, KeyError):
-        pass
+
+def _build_text_tables(points: np.ndarray) -> dict[str, np.ndarray]:
     L = quality_loops
-    points = np.concatenate([np.arange(0xD800), np.arange(0xE000, 0x110000)])  # no surrogates in UTF-8
     chars = pa.array([chr(c) for c in points.tolist()], pa.string())
-    flags = np.zeros(0x110000, dtype=np.uint8)
+    flags = np.zeros(L.CODE_POINTS, dtype=np.uint8)
 
     def mark(hit: pa.Array, flag: int) -> None:
         flags[points[np.asarray(hit.to_numpy(zero_copy_only=False), dtype=bool)]] |= flag
@@ -305,18 +281,10 @@ def _text_tables() -> tuple[np.ndarray, np.ndarray]:
     mark(pc.match_substring_regex(chars, PUNCT), L.PUNCT)
     lowered = pc.utf8_lower(chars)
     single_ascii = pc.and_(pc.equal(pc.binary_length(lowered), 1), pc.equal(pc.utf8_length(lowered), 1))
-    low = np.zeros(0x110000, dtype=np.uint8)
+    low = np.zeros(L.CODE_POINTS, dtype=np.uint8)
     one = np.asarray(single_ascii.to_numpy(zero_copy_only=False), dtype=bool)
     low[points[one]] = np.frombuffer(b"".join(v.encode() for v in lowered.filter(single_ascii).to_pylist()), np.uint8)
-    _TEXT_TABLES = (flags, low)
-    try:  # a read-only install simply recomputes them per process
-        cache.parent.mkdir(exist_ok=True)
-        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, flags=flags, lowmap=low)
-        os.replace(tmp, cache)
-    except OSError:
-        pass
-    return _TEXT_TABLES
+    return {"flags": flags, "lowmap": low}
 
 
 def _text_counts(texts: pa.Array) -> np.ndarray:

@@ -9,11 +9,42 @@ every count is an integer, so the scores are bit-for-bit those of the numpy code
 """
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
+from typing import Callable
+
 import numba as nb
 import numpy as np
 
 from .sketch import decode_utf8
 from .xxh3 import xxh3_64
+
+CODE_POINTS = 0x110000
+
+
+def code_point_tables(name: str, key: str, build: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-code-point tables a compiled loop reads: `build(points)` (every code point but surrogates)
+    returns arrays of CODE_POINTS entries taken from the kernels the loop must agree with. Built once
+    per `key` (what they depend on: library versions, patterns) and cached on disk beside the compiled
+    loops; a read-only install builds them once per process."""
+    cache = Path(__file__).resolve().parent / "__pycache__" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.npz"
+    try:
+        with np.load(cache) as z:
+            tables = {k: z[k] for k in z.files}
+        if tables and all(len(t) == CODE_POINTS for t in tables.values()):
+            return tables
+    except (OSError, ValueError, KeyError):
+        pass
+    tables = build(np.concatenate([np.arange(0xD800), np.arange(0xE000, CODE_POINTS)]))
+    try:
+        cache.parent.mkdir(exist_ok=True)
+        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, **tables)
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return tables
 
 _GOLDEN = 0x9E3779B97F4A7C15
 
