@@ -317,23 +317,13 @@ class PackStep(Step):
                                                                           window, pc.remainder, pad_id, str(folder / name),
                                                                           dask_key_name=f"{label.replace(' ', '-')}-group-{i}"),
                                   [r]) for i, (name, r, plan) in enumerate(zip(names, rel, plans))], f"{label}: gather + pack")
-        stats: dict = {"windows": 0, "tokens_dropped": 0, "pad_tokens": 0, "docs_split": 0, "docs_truncated": 0}
-        for r in results:
-            merge_stats(stats, r)
+        stats = _merged_pack_stats(results)
         gathered = stats.pop("ids", 0)
         stats.update(docs_in=n_docs, tokens_in=total)
         if gathered != total:
             raise PipelineError(f"{label}: gathered {gathered} ids of {total} tokenized")
         stats.update(order_seed=pc.seed, groups=len(plans))
-        stats["tokens_kept"] = stats["tokens_in"] - stats["tokens_dropped"]
-        group_tokens, samples = stats.pop("group_tokens", {}), stats.pop("group_samples", {})
-        if pairs:
-            stats["by_group"] = {}
-            for c, (source, language) in enumerate(pairs):
-                stats["by_group"].setdefault(source, {})[language] = {"tokens": int(group_tokens.get(str(c), 0)),
-                                                                     "samples": int(samples.get(str(c), 0))}
-            stats["group_names"] = [list(p) for p in pairs]
-        return stats
+        return _finish_pack_stats(stats, pairs)
 
     def _pack_order(self, ctx: StepContext, folder: Path, parts: list[str], order: pack.DocumentOrder,
                     pairs: list, window: int, pad_id: int, label: str) -> dict:
@@ -350,24 +340,36 @@ class PackStep(Step):
                                                                           pc.remainder, pad_id, str(folder / name),
                                                                           dask_key_name=f"{label.replace(' ', '-')}-group-{i}"),
                                   [r]) for i, (name, r, g) in enumerate(zip(names, rel, groups))], f"{label}: gather + pack")
-        stats: dict = {"windows": 0, "tokens_dropped": 0, "pad_tokens": 0, "docs_split": 0, "docs_truncated": 0}
-        for r in results:
-            merge_stats(stats, r)
+        stats = _merged_pack_stats(results)
         if pc.mode == "concat":
             gathered = stats.pop("ids", 0)
             stats.update(pack.concat_stats(order.length, window))
             if gathered != stats["tokens_in"]:
                 raise PipelineError(f"{label}: gathered {gathered} ids of {stats['tokens_in']} tokenized")
         stats.update(docs_in=len(order.length), order_seed=pc.seed, groups=len(groups))
-        stats["tokens_kept"] = stats["tokens_in"] - stats["tokens_dropped"]
-        tokens, samples = stats.pop("group_tokens", {}), stats.pop("group_samples", {})
-        if pairs:  # per (source, language): ids in the windows, and windows in which it holds the most ids
-            stats["by_group"] = {}
-            for c, (source, language) in enumerate(pairs):
-                stats["by_group"].setdefault(source, {})[language] = {"tokens": int(tokens.get(str(c), 0)),
-                                                                     "samples": int(samples.get(str(c), 0))}
-            stats["group_names"] = [list(p) for p in pairs]
-        return stats
+        return _finish_pack_stats(stats, pairs)
+
+
+def _merged_pack_stats(results: list) -> dict:
+    """The pack tasks' stats summed (both packers' tasks return the same keys)."""
+    stats: dict = {"windows": 0, "tokens_dropped": 0, "pad_tokens": 0, "docs_split": 0, "docs_truncated": 0}
+    for r in results:
+        merge_stats(stats, r)
+    return stats
+
+
+def _finish_pack_stats(stats: dict, pairs: list) -> dict:
+    """Tokens kept, and per (source, language): ids in the windows, and windows in which it holds the
+    most ids (the tasks count them by the pair's index)."""
+    stats["tokens_kept"] = stats["tokens_in"] - stats["tokens_dropped"]
+    tokens, samples = stats.pop("group_tokens", {}), stats.pop("group_samples", {})
+    if pairs:
+        stats["by_group"] = {}
+        for c, (source, language) in enumerate(pairs):
+            stats["by_group"].setdefault(source, {})[language] = {"tokens": int(tokens.get(str(c), 0)),
+                                                                 "samples": int(samples.get(str(c), 0))}
+        stats["group_names"] = [list(p) for p in pairs]
+    return stats
 
 
 @dataclass
