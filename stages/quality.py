@@ -96,13 +96,6 @@ def _build_class_tables(_points: np.ndarray) -> dict[str, np.ndarray]:
     return {"cls": cls, "ts": ts}
 
 
-def _code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """All code points of a batch, flat, and each one's document index."""
-    points = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
-    doc_of = np.repeat(np.arange(len(texts), dtype=np.int64), [len(t) for t in texts])
-    return points, doc_of
-
-
 def _char_scores(texts: pa.Array) -> dict[str, np.ndarray]:
     cls_table, ts_table = _class_tables()
     data, offsets = utf8_buffers(texts)
@@ -426,31 +419,22 @@ def dominant_script(scores: pd.DataFrame) -> np.ndarray:
     return out
 
 
-LANGUAGE_CHUNK_CHARS = 4_000_000  # code points classified at a time (12 bytes each): bounds the memory
-
-
-def script_language(texts: list[str], cjk_share: float = 0.3) -> np.ndarray:
+def script_language(texts: "pa.Array | list[str]", cjk_share: float = 0.3) -> np.ndarray:
     """The language the filter detects (`lang` of score_texts: zh when CJK letters are at least
     `cjk_share` of the letters, en when Latin letters are at least half, otherwise other), from the
-    character classes alone, so the reader can give every document its `language` column cheaply."""
-    cls_table, _ = _class_tables()
-    out = np.empty(len(texts), dtype=object)
-    start = 0
-    while start < len(texts):
-        stop, size = start, 0
-        while stop < len(texts) and (size < LANGUAGE_CHUNK_CHARS or stop == start):
-            size += len(texts[stop])
-            stop += 1
-        chunk = texts[start:stop]
-        points, doc_of = _code_points(chunk)
-        n = len(chunk)
-        counts = np.bincount(doc_of * N_CLASSES + cls_table[points], minlength=n * N_CLASSES).reshape(n, N_CLASSES)
-        letters = np.maximum(counts[:, C_HAN:C_OTHER_LETTER + 1].sum(axis=1), 1)
-        cjk = counts[:, C_HAN] + counts[:, C_KANA] + counts[:, C_HANGUL]
-        out[start:stop] = np.where(cjk / letters >= cjk_share, "zh",
-                                   np.where(counts[:, C_LATIN] / letters >= 0.5, "en", "other"))
-        start = stop
-    return out
+    character classes alone, so the reader can give every document its `language` column cheaply:
+    counted by the compiled character-class loop straight from the Arrow UTF-8 buffer."""
+    if not isinstance(texts, pa.Array):
+        texts = pa.array(texts, pa.string())
+    if len(texts) == 0:
+        return np.empty(0, dtype=object)
+    cls_table, ts_table = _class_tables()
+    data, offsets = utf8_buffers(texts)
+    counts = quality_loops.char_classes(data, offsets, cls_table, ts_table, N_CLASSES, C_HAN, C_OTHER_LETTER)[0]
+    letters = np.maximum(counts[:, C_HAN:C_OTHER_LETTER + 1].sum(axis=1), 1)
+    cjk = counts[:, C_HAN] + counts[:, C_KANA] + counts[:, C_HANGUL]
+    return np.where(cjk / letters >= cjk_share, "zh",
+                    np.where(counts[:, C_LATIN] / letters >= 0.5, "en", "other")).astype(object)
 
 
 def detected_language(scores: pd.DataFrame, cjk_share: float) -> np.ndarray:

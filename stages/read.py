@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
@@ -417,19 +418,26 @@ class _PartWriter:
         if not self.cols["uid"]:
             return
         name = f"part-{self.unit_index:05d}-{len(self.parts):03d}.parquet"
+        texts = pa.array(self.cols["text"], pa.string())
         if self.language is not None:  # the model's ISO 639-1 code and probability (the filter reuses them)
             from .langid import identify_normalised
 
             codes, probs = identify_normalised(self.cols["text"], self.language["max_chars"], self.language["normalize"])
             self.cols["language"], self.cols["language_score"] = codes.tolist(), probs.tolist()
         else:
-            self.cols["language"] = script_language(self.cols["text"], self.cjk_share).tolist()
+            self.cols["language"] = script_language(texts, self.cjk_share).tolist()
+        self.cols["text"] = texts
         merge_stats(self.groups, group_counts(self.cols["source"], self.cols["language"],
-                                              chars=[len(t) for t in self.cols["text"]]))
-        write_table_atomic(pa.Table.from_pydict(self.cols, schema=DOC_SCHEMA), self.out_dir / name)
+                                              chars=pc.utf8_length(texts).to_numpy()))
+        table = pa.Table.from_pydict(self.cols, schema=DOC_SCHEMA)
+        write_table_atomic(table, self.out_dir / name)
         self.parts.append(name)
         self.cols = {name: [] for name in DOC_SCHEMA.names}
         self.bytes = 0
+        self.written(table, name)
+
+    def written(self, table: pa.Table, name: str) -> None:
+        """Called with each part just written, while its table is in memory (a subclass's hook)."""
 
 
 @dataclass
@@ -1005,29 +1013,9 @@ def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str, writer: Optional[
 
 # ---- the dedup job's reader: each part handed on while it is in memory ---------------------------
 
-def script_language_arrow(texts: pa.Array, cjk_share: float = 0.3) -> list:
-    """`quality.script_language` (the same zh / en / other), counted by the compiled character-class
-    loop straight from the Arrow UTF-8 buffer instead of a UTF-32 copy and a bincount per batch."""
-    import numpy as np
-
-    from . import quality, quality_loops
-    from .shingles import utf8_buffers
-
-    if len(texts) == 0:
-        return []
-    cls_table, ts_table = quality._class_tables()
-    data, offsets = utf8_buffers(texts)
-    counts = quality_loops.char_classes(data, offsets, cls_table, ts_table, quality.N_CLASSES, quality.C_HAN,
-                                        quality.C_OTHER_LETTER)[0]
-    letters = np.maximum(counts[:, quality.C_HAN:quality.C_OTHER_LETTER + 1].sum(axis=1), 1)
-    cjk = counts[:, quality.C_HAN] + counts[:, quality.C_KANA] + counts[:, quality.C_HANGUL]
-    return np.where(cjk / letters >= cjk_share, "zh", np.where(counts[:, quality.C_LATIN] / letters >= 0.5, "en", "other")).tolist()
-
-
 class PartHookWriter(_PartWriter):
     """A `_PartWriter` that hands every part it writes, as the Arrow table, to `on_part(table, name)`
-    (the dedup job signs it there without reading it back), with the script language counted from
-    the Arrow buffer. Its parts are the same bytes as `_PartWriter`'s."""
+    (the dedup job signs it there without reading it back). Its parts are `_PartWriter`'s."""
 
     def __init__(self, out_dir: Path, unit_index: int, part_size: int, cjk_share: float, language: Optional[dict],
                  on_part: Any) -> None:
@@ -1035,24 +1023,5 @@ class PartHookWriter(_PartWriter):
         self.on_part = on_part
         self.files: list[str] = []  # what on_part wrote, relative to out_dir
 
-    def flush(self) -> None:
-        if not self.cols["uid"] or self.language is not None:  # the model's column: as the plain writer does
-            n = len(self.parts)
-            super().flush()
-            if len(self.parts) > n:
-                self.files += self.on_part(pq.read_table(self.out_dir / self.parts[-1]), self.parts[-1])
-            return
-        import pyarrow.compute as pc
-
-        name = f"part-{self.unit_index:05d}-{len(self.parts):03d}.parquet"
-        texts = pa.array(self.cols["text"], pa.string())
-        self.cols["text"] = texts
-        self.cols["language"] = script_language_arrow(texts, self.cjk_share)
-        merge_stats(self.groups, group_counts(self.cols["source"], self.cols["language"],
-                                              chars=pc.utf8_length(texts).to_numpy()))
-        table = pa.Table.from_pydict(self.cols, schema=DOC_SCHEMA)
-        write_table_atomic(table, self.out_dir / name)
-        self.parts.append(name)
-        self.cols = {name: [] for name in DOC_SCHEMA.names}
-        self.bytes = 0
+    def written(self, table: pa.Table, name: str) -> None:
         self.files += self.on_part(table, name)
