@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -76,6 +77,14 @@ class BatchResult:
     kept: pd.DataFrame
     removed: Optional[pd.DataFrame] = None
     stats: dict[str, Any] = field(default_factory=dict)
+
+
+def in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """Whether each of `values` is in `sorted_set` (sorted, e.g. uids to drop): one binary search per
+    value instead of a hash set of every uid."""
+    if not len(sorted_set) or not len(values):
+        return np.zeros(len(values), dtype=bool)
+    return sorted_set[np.searchsorted(sorted_set, values).clip(max=len(sorted_set) - 1)] == values
 
 
 def excerpt(texts: Any, chars: Optional[int]) -> list:

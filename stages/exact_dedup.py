@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from .base import REMOVED_META, BatchResult
+from .base import REMOVED_META, BatchResult, in_sorted
 
 HASH_META = pd.DataFrame(
     {
@@ -121,12 +121,7 @@ def duplicates_in_group(df: pd.DataFrame) -> pd.DataFrame:
 def drop_uids_batch(df: pd.DataFrame, drop_sorted: np.ndarray, reason: Optional[str] = "exact") -> BatchResult:
     """Remove the documents whose uid is in `drop_sorted` (a sorted int64 array); counted under
     `reason` (None: counted by the caller, which knows each document's reason)."""
-    uids = df["uid"].to_numpy(dtype="int64")
-    if len(drop_sorted):
-        pos = np.searchsorted(drop_sorted, uids).clip(max=len(drop_sorted) - 1)
-        drop = drop_sorted[pos] == uids
-    else:
-        drop = np.zeros(len(uids), dtype=bool)
+    drop = in_sorted(df["uid"].to_numpy(dtype="int64"), drop_sorted)
     kept = df[~drop].reset_index(drop=True)
     stats = {"docs_in": len(df), "docs_out": len(kept)}
     if reason is not None:
@@ -143,12 +138,7 @@ def drop_uids_table(table: pa.Table, drop_sorted: np.ndarray, reason: Optional[s
     from .base import excerpt
     from .composition import group_counts
 
-    uids = table.column("uid").to_numpy()
-    if len(drop_sorted) and len(uids):
-        pos = np.searchsorted(drop_sorted, uids).clip(max=len(drop_sorted) - 1)
-        drop = drop_sorted[pos] == uids
-    else:
-        drop = np.zeros(len(uids), dtype=bool)
+    drop = in_sorted(table.column("uid").to_numpy(), drop_sorted)
     kept = table.filter(pa.array(~drop)) if drop.any() else table
     stats: dict = {"docs_in": table.num_rows, "docs_out": kept.num_rows}
     if reason is not None:

@@ -19,7 +19,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from . import exact_dedup, minhash, simhash, sketch
-from .base import REMOVED_META, write_table_atomic
+from .base import REMOVED_META, in_sorted, write_table_atomic
 from .normalize import normalize_array
 from .shingles import ShingleSpec, same_components, shingle_hashes, shingle_hashes_multi
 
@@ -51,9 +51,7 @@ def signature_part(in_path: str, out_path: str, spec: SignatureSpec, exclude: Op
     has_language = spec.exact and "language" in pq.read_schema(in_path).names
     table = pq.read_table(in_path, columns=columns + (["language"] if has_language else []))
     if exclude is not None and len(exclude) and table.num_rows:
-        uid = table.column("uid").to_numpy()
-        pos = np.searchsorted(exclude, uid).clip(max=len(exclude) - 1)
-        table = table.filter(pa.array(exclude[pos] != uid))
+        table = table.filter(pa.array(~in_sorted(table.column("uid").to_numpy(), exclude)))
     return signature_table(table, out_path, spec)
 
 
@@ -269,12 +267,7 @@ def texts_for_uids(path: str, uids_sorted: np.ndarray, normalize: Optional[dict]
     """(uid, text) of the documents of one part whose uid is in `uids_sorted`, normalised as
     `signature_part` normalises them (so verification sees the text the signatures saw)."""
     table = pq.read_table(path, columns=["uid", "text"])
-    uid = table.column("uid").to_numpy()
-    if len(uids_sorted) and len(uid):
-        pos = np.searchsorted(uids_sorted, uid).clip(max=len(uids_sorted) - 1)
-        table = table.filter(pa.array(uids_sorted[pos] == uid))
-    else:
-        table = table.slice(0, 0)
+    table = table.filter(pa.array(in_sorted(table.column("uid").to_numpy(), uids_sorted)))
     texts = table.column("text").combine_chunks()
     if normalize is not None:
         texts = normalize_array(texts, **{**normalize, "fold_whitespace": False})
@@ -359,11 +352,7 @@ def finish_removed(part: pd.DataFrame, minhash_threshold: float = np.nan, simhas
 def rows_for_uids(path: str, uids_sorted: np.ndarray, fields: list[str]) -> pd.DataFrame:
     """The rows of one signature part whose uid is in `uids_sorted` (only what a small step needs)."""
     table = pq.read_table(path, columns=fields)
-    uid = table.column("uid").to_numpy()
-    if len(uids_sorted) == 0 or len(uid) == 0:
-        return table.slice(0, 0).to_pandas()
-    pos = np.searchsorted(uids_sorted, uid).clip(max=len(uids_sorted) - 1)
-    return table.filter(pa.array(uids_sorted[pos] == uid)).to_pandas()
+    return table.filter(pa.array(in_sorted(table.column("uid").to_numpy(), uids_sorted))).to_pandas()
 
 
 def signature_lookup(frames: list[pd.DataFrame], column: str) -> tuple[np.ndarray, np.ndarray]:

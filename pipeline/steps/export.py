@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from dask import delayed
 
-from corpusmill.stages.base import excerpt, write_json_atomic, write_table_atomic, write_text_atomic
+from corpusmill.stages.base import excerpt, in_sorted, write_json_atomic, write_table_atomic, write_text_atomic
 
 from ..rundir import EXPORT_KEPT, EXPORT_REMOVED
 from ..step import Step, StepContext, StepResult
@@ -113,9 +113,7 @@ def _json_kind(value: Any) -> str:
 def _kept_rows(table: pa.Table, drop_sorted: Optional[np.ndarray]) -> np.ndarray:
     """Which rows of a part are kept: those whose uid is not in `drop_sorted` (None: every row)."""
     uids = table.column("uid").to_numpy()
-    if drop_sorted is None or not len(drop_sorted) or not len(uids):
-        return np.ones(len(uids), dtype=bool)
-    return drop_sorted[np.searchsorted(drop_sorted, uids).clip(max=len(drop_sorted) - 1)] != uids
+    return np.ones(len(uids), dtype=bool) if drop_sorted is None else ~in_sorted(uids, drop_sorted)
 
 
 def kept_field_kinds(path: str, drop_sorted: Optional[np.ndarray] = None) -> dict[str, list[str]]:

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpusmill.stages import exact_dedup, near_dedup
-from corpusmill.stages.base import REMOVED_META, write_table_atomic
+from corpusmill.stages.base import REMOVED_META, in_sorted, write_table_atomic
 from corpusmill.stages.composition import UNKNOWN
 
 from ...step import StepContext, StepResult
@@ -83,9 +83,7 @@ def passed_on(sig_files: list[str], drop: np.ndarray) -> dict[str, Any]:
     if table is None or not table.num_rows:
         return {"docs_in": 0, "docs_out": 0, "removed": {"exact": 0}, "by_group": {}}
     uid = table.column("uid").to_numpy()
-    keep = np.ones(len(uid), dtype=bool)
-    if len(drop):
-        keep = drop[np.searchsorted(drop, uid).clip(max=len(drop) - 1)] != uid
+    keep = ~in_sorted(uid, drop)
     kept = table.filter(pa.array(keep))
     return {"docs_in": int(len(uid)), "docs_out": int(keep.sum()), "removed": {"exact": int((~keep).sum())},
             "by_group": _group_counts(kept)}

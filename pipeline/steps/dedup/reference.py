@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 from corpusmill.stages import exact_dedup, minhash, near_dedup
-from corpusmill.stages.base import write_json_atomic, write_table_atomic
+from corpusmill.stages.base import in_sorted, write_json_atomic, write_table_atomic
 
 from ...config import Config
 from ...step import PipelineError, Step, StepContext, StepResult
@@ -377,15 +377,10 @@ def filter_signatures(src: str, part: str, out_path: str, exclude: Optional[np.n
     sorted uids `exclude`, removed by a find phase whose removal is deferred), written to `out_path`,
     with the stats `near_dedup.signature_part` returns."""
     uids = np.sort(pq.read_table(part, columns=["uid"]).column("uid").to_numpy())
-    if exclude is not None and len(exclude) and len(uids):
-        uids = uids[exclude[np.searchsorted(exclude, uids).clip(max=len(exclude) - 1)] != uids]
+    if exclude is not None:
+        uids = uids[~in_sorted(uids, exclude)]
     table = pq.read_table(src)
-    uid = table.column("uid").to_numpy()
-    if len(uids) and len(uid):
-        pos = np.searchsorted(uids, uid).clip(max=len(uids) - 1)
-        table = table.filter(pa.array(uids[pos] == uid))
-    else:
-        table = table.slice(0, 0)
+    table = table.filter(pa.array(in_sorted(table.column("uid").to_numpy(), uids)))
     if table.num_rows != len(uids):
         raise ValueError(f"{src}: holds {table.num_rows} of the {len(uids)} documents of {part}")
     table = table.drop([c for c in EXACT_ONLY_COLUMNS if c in table.column_names])
