@@ -6,19 +6,22 @@ machines would).
     python bench/scale_bench.py CORPUS WORK [--base-mb 500] [--scales 1,4,10] [--engines local,cluster]
                                              [--memory-limit 3GB] [--workers 2]
 
-CORPUS is the real corpus (`../shared/data/build_corpus.sh OUT`). For each scale the corpus is made
-once: `base-mb` of real documents, then for every further copy each document is rewritten by a
-seeded paragraph shuffle and a substitution of 15% of its words (Latin) or characters (CJK) by
-others of the same document, which keeps any two copies below a character 5-gram Jaccard of 0.5,
-so copies are not duplicates of each other; on top, a known number of exact copies and of near
-copies (1% of words or characters substituted) is planted, their ids
-written to truth.json.
+CORPUS is the real corpus (`../shared/data/build_corpus.sh OUT`). The corpus of the largest scale is
+made once (in `--jobs` processes): `base-mb` of real documents (extended by rewrites of them when
+the real corpus is smaller), then for every further copy each document is rewritten by a seeded
+paragraph shuffle and a substitution of 15% of its words (Latin) or characters (CJK) by others of
+the same document, which keeps any two copies below a character 5-gram Jaccard of 0.5, so copies
+are not duplicates of each other; on top, per copy, a known number of exact copies and of near
+copies (1% of words or characters substituted) is planted, their ids written to truth.json. A
+smaller scale is the first copies of it (a folder of links). Each run's folder is deleted after it
+is measured (its report, progress, ledger and manifest are kept in run-*-kept/) unless
+`--keep-runs`: a 10x run of a 500 MB base writes about 18 GB.
 
 Recorded per run: wall seconds, CPU seconds of every process, peak RSS of the driver, of the largest
 worker and of all processes together, bytes spilled to the workers' local directories, planted
 exact and near duplicates found, whether a worker was killed (its process gone before the end), and
 sha256 of the removed ids and of the shards' rows, so two engines' results can be compared. Results
-go to WORK/results.jsonl and a table to stdout.
+go to WORK/results.jsonl (with each step's seconds and peak RSS) and a table to stdout.
 """
 from __future__ import annotations
 
@@ -95,40 +98,89 @@ def _rewrite(text: str, rng: random.Random, rate: float, shuffle: bool) -> str:
     return "\n\n".join(out)
 
 
-def make_corpus(corpus: Path, out: Path, base_bytes: int, scale: int, seed: int = 0) -> dict:
-    """out/data/*.jsonl and out/truth.json (planted exact and near copies: id -> id it copies)."""
+def _real_docs_at_least(corpus: Path, limit: int) -> list[dict]:
+    """`limit` bytes of base documents: the real ones, then (when the corpus is smaller than `limit`)
+    seeded rewrites of them (paragraph shuffle, 15% substitution: below Jaccard 0.5 of their
+    originals), so a 500 MB base can be made from a 391 MB corpus."""
+    base = _real_docs(corpus, limit)
+    total, k = sum(len(d["text"].encode()) for d in base), 0
+    originals = list(base)
+    while total < limit and originals:
+        d = originals[k % len(originals)]
+        text = _rewrite(d["text"], random.Random(f"base-{k}"), 0.15, True)
+        base.append({"text": text, "source": d["source"]})
+        total += len(text.encode())
+        k += 1
+    return base
+
+
+_BASE: list[dict] = []
+
+
+def _write_copy(args: tuple) -> dict:
+    """copy-NNN.jsonl (the base, rewritten for copy > 0) and plant-NNN.jsonl (PLANT_EXACT exact and
+    PLANT_NEAR near copies of that copy's documents). A copy depends only on (seed, copy), so the 4x
+    corpus is the first four copies of the 10x one."""
+    data, copy, seed = args
+    base = _BASE
+    rng = random.Random(f"{seed}-plant-{copy}")
+    truth: dict = {"exact": {}, "near": {}, "documents": 0, "bytes": 0}
+
+    def text_of(i: int) -> str:
+        return base[i]["text"] if copy == 0 else _rewrite(base[i]["text"], random.Random(f"{seed}-{copy}-{i}"), 0.15, True)
+
+    with open(data / f"copy-{copy:03d}.jsonl", "w", encoding="utf-8") as f:
+        for i, d in enumerate(base):
+            text = text_of(i)
+            f.write(json.dumps({"id": f"c{copy}-{i}", "text": text, "source": d["source"]}, ensure_ascii=False) + "\n")
+            truth["documents"] += 1
+            truth["bytes"] += len(text.encode())
+    with open(data / f"plant-{copy:03d}.jsonl", "w", encoding="utf-8") as f:
+        for k in range(PLANT_EXACT + PLANT_NEAR):
+            i = rng.randrange(len(base))
+            near = k >= PLANT_EXACT
+            text = _rewrite(text_of(i), random.Random(f"plant-{copy}-{k}"), 0.01, False) if near else text_of(i)
+            doc_id = f"p{copy}-{k}"
+            truth["near" if near else "exact"][doc_id] = f"c{copy}-{i}"
+            f.write(json.dumps({"id": doc_id, "text": text, "source": base[i]["source"]}, ensure_ascii=False) + "\n")
+            truth["documents"] += 1
+            truth["bytes"] += len(text.encode())
+    return truth
+
+
+def make_corpus(corpus: Path, out: Path, base_bytes: int, scale: int, seed: int = 0, jobs: int = 2) -> list[dict]:
+    """out/data/{copy,plant}-NNN.jsonl for `scale` copies (made in `jobs` processes); returns each
+    copy's truth (planted id -> the id it copies, documents, bytes), also kept in out/truth.json."""
     if (out / "truth.json").is_file():
         return json.loads((out / "truth.json").read_text())
     data = out / "data"
     shutil.rmtree(out, ignore_errors=True)
     data.mkdir(parents=True)
-    base = _real_docs(corpus, base_bytes)
-    rng = random.Random(seed)
-    truth: dict = {"exact": {}, "near": {}, "documents": 0, "bytes": 0}
-    n = 0
-    for copy in range(scale):
-        with open(data / f"copy-{copy:03d}.jsonl", "w", encoding="utf-8") as f:
-            for i, d in enumerate(base):
-                text = d["text"] if copy == 0 else _rewrite(d["text"], random.Random(f"{seed}-{copy}-{i}"), 0.15, True)
-                doc_id = f"c{copy}-{i}"
-                f.write(json.dumps({"id": doc_id, "text": text, "source": d["source"]}, ensure_ascii=False) + "\n")
-                n += 1
-                truth["bytes"] += len(text.encode())
-        with open(data / f"plant-{copy:03d}.jsonl", "w", encoding="utf-8") as f:
-            for k in range(PLANT_EXACT + PLANT_NEAR):
-                i = rng.randrange(len(base))
-                original = f"c{copy}-{i}"
-                src = base[i]["text"] if copy == 0 else _rewrite(base[i]["text"], random.Random(f"{seed}-{copy}-{i}"), 0.15, True)
-                near = k >= PLANT_EXACT
-                text = _rewrite(src, random.Random(f"plant-{copy}-{k}"), 0.01, False) if near else src
-                doc_id = f"p{copy}-{k}"
-                truth["near" if near else "exact"][doc_id] = original
-                f.write(json.dumps({"id": doc_id, "text": text, "source": base[i]["source"]}, ensure_ascii=False) + "\n")
-                n += 1
-                truth["bytes"] += len(text.encode())
-    truth["documents"] = n
-    (out / "truth.json").write_text(json.dumps(truth))
-    return truth
+    global _BASE
+    _BASE = _real_docs_at_least(corpus, base_bytes)  # read by the forked writers, not pickled to them
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        per_copy = pool.map(_write_copy, [(data, c, seed) for c in range(scale)], chunksize=1)
+    (out / "truth.json").write_text(json.dumps(per_copy))
+    return per_copy
+
+
+def corpus_at(made: Path, per_copy: list[dict], scale: int, work: Path) -> tuple[Path, dict]:
+    """The first `scale` copies of the made corpus as their own folder of links, and their truth."""
+    data = work / f"data-{scale}x"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    for c in range(scale):
+        for kind in ("copy", "plant"):
+            (data / f"{kind}-{c:03d}.jsonl").symlink_to(made / "data" / f"{kind}-{c:03d}.jsonl")
+    truth = {"exact": {}, "near": {}, "documents": 0, "bytes": 0}
+    for t in per_copy[:scale]:
+        truth["exact"].update(t["exact"])
+        truth["near"].update(t["near"])
+        truth["documents"] += t["documents"]
+        truth["bytes"] += t["bytes"]
+    return data, truth
 
 
 # ---- measuring ---------------------------------------------------------------------------------
@@ -264,6 +316,12 @@ def run_once(data: Path, truth: dict, out: Path, engine: str, args) -> dict:
     for p in cluster_procs:
         p.wait(timeout=60)
     removed = _removed_ids(out)
+    run_bytes = _dir_bytes(out)
+    try:
+        stages = json.loads((out / "progress.json").read_text()).get("stages", {})
+        step_s = {k: v.get("seconds") for k, v in stages.items() if v.get("seconds") is not None}
+    except (OSError, ValueError):
+        step_s = {}
     found_exact = sum(1 for k in truth["exact"] if k in removed or truth["exact"][k] in removed)
     found_near = sum(1 for k in truth["near"] if k in removed or truth["near"][k] in removed)
     worker_peaks = [v for pid, v in s.peak.items() if pid != driver.pid and "scheduler" not in s.names.get(pid, "")]
@@ -279,7 +337,21 @@ def run_once(data: Path, truth: dict, out: Path, engine: str, args) -> dict:
         "removed_sha256": hashlib.sha256("\n".join(sorted(removed)).encode()).hexdigest()[:16],
         "shards_rows": _shards_rows(out),
         "by_step_mb": {k: {r: round(v / 2**20) for r, v in d.items()} for k, d in s.by_step.items()},
+        "step_s": step_s,
+        "run_dir_gb": round(run_bytes / 2**30, 2),
     }
+
+
+def _discard_run(out: Path) -> None:
+    """Keep the run's report, progress, ledger and manifest beside it; drop its parts (a 10x run of a
+    500 MB base writes about 18 GB)."""
+    keep = out.parent / (out.name + "-kept")
+    shutil.rmtree(keep, ignore_errors=True)
+    keep.mkdir()
+    for name in ("report.md", "progress.json", "ledger.json", "summary.json", "shards/manifest.json"):
+        if (out / name).is_file():
+            shutil.copy(out / name, keep / name.replace("/", "-"))
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def _removed_ids(out: Path) -> set[str]:
@@ -313,20 +385,29 @@ def main() -> None:
     ap.add_argument("--components-mb", type=int, default=None,
                     help="dedup.components_memory_mb (default: the config's): near-dup candidates and edges held in "
                          "the driver up to this much, on the workers above it")
+    ap.add_argument("--keep-runs", action="store_true", help="keep every run's folder (default: only its report)")
+    ap.add_argument("--jobs", type=int, default=2, help="processes making the corpus")
     ap.add_argument("--tokenizer", default=str(HERE.parent.parent / "shared/data/kept/tokenizers/chinese-llama-2_tokenizer.model"))
     args = ap.parse_args()
     results = []
-    for scale in [int(x) for x in args.scales.split(",")]:
-        made = args.work / f"corpus-{scale}x"
-        truth = make_corpus(args.corpus, made, int(args.base_mb * 2**20), scale)
+    scales = [int(x) for x in args.scales.split(",")]
+    # a corpus made earlier for a larger scale serves (its first copies are the smaller corpus)
+    made = min((d for d in args.work.glob("corpus-*x") if (d / "truth.json").is_file()
+                and int(d.name[7:-1]) >= max(scales)), key=lambda d: int(d.name[7:-1]),
+               default=args.work / f"corpus-{max(scales)}x")
+    per_copy = make_corpus(args.corpus, made, int(args.base_mb * 2**20), max(scales), jobs=args.jobs)
+    for scale in scales:
+        data, truth = corpus_at(made, per_copy, scale, args.work)
         print(f"{scale}x: {truth['documents']:,} documents, {truth['bytes'] / 2**20:,.0f} MB", flush=True)
         for engine in args.engines.split(","):
-            r = {"scale": scale, "mb": round(truth["bytes"] / 2**20), **run_once(made / "data", truth,
-                                                                              args.work / f"run-{scale}x-{engine}", engine, args)}
+            out = args.work / f"run-{scale}x-{engine}"
+            r = {"scale": scale, "mb": round(truth["bytes"] / 2**20), **run_once(data, truth, out, engine, args)}
             print(json.dumps(r), flush=True)
             with open(args.work / "results.jsonl", "a") as f:
                 f.write(json.dumps(r) + "\n")
             results.append(r)
+            if not args.keep_runs:
+                _discard_run(out)
     cols = ["scale", "mb", "engine", "rc", "wall_s", "cpu_s", "peak_driver_mb", "peak_worker_mb", "peak_all_mb",
             "spilled_mb", "workers_alive_at_end", "planted_exact_found", "planted_near_found", "removed_sha256",
             "shards_rows"]
