@@ -71,6 +71,11 @@ def _build_line_tables(points: np.ndarray) -> dict[str, np.ndarray]:
     return {"trim": trim, "strip": strip, "wide": wide}
 
 
+def line_trim_table() -> np.ndarray:
+    """Per code point: whether Arrow's utf8_trim_whitespace trims it."""
+    return _line_tables()[0]
+
+
 @dataclass
 class _Lines:
     """Every line of a batch of documents (`quality_loops.line_scan`): trimmed byte ranges into the

@@ -8,7 +8,8 @@ Everything is vectorised over a batch:
 - character classes (scripts, punctuation, digits, garbled code points, traditional-only and
   simplified-only characters) come from one lookup table indexed by code point, counted per
   document with `bincount`;
-- line and paragraph statistics come from Arrow string kernels over the flattened lines;
+- line and paragraph statistics come from one compiled pass per document over the UTF-8 buffer
+  (the patterns' character classes taken from RE2 itself);
 - n-gram repetition (Gopher) hashes components (words, or characters for CJK text) as the
   near-duplicate shingler does, and counts n-grams per document with one sort per n.
 
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import quality_loops
+from .boilerplate import line_trim_table
 from .shingles import PUNCT, ShingleSpec, _component_hashes, utf8_buffers
 
 SCORES_VERSION = 3  # bump when a score's definition changes: stored scores of another version are recomputed
@@ -128,51 +130,64 @@ BOILERPLATE_LINE = (r"(?i)(javascript|enable cookies|cookie policy|we use cookie
                     r"all rights reserved|版权所有|隐私政策|使用条款|使用协议|京ICP备|ICP备案|请启用JavaScript)")
 
 
-def _segment_stats(texts: pa.Array, pattern: str, cjk_doc: np.ndarray, short_chars: Optional[int],
-                   short_chars_cjk: Optional[int], terminal: bool = False) -> dict[str, np.ndarray]:
-    """Per document: segment count, duplicate segments (after the first) by count and characters,
-    and (for lines) bullet / ellipsis / terminal / short / boilerplate line counts."""
+_SEGMENT_TABLES: Optional[tuple[np.ndarray, np.ndarray]] = None
+
+
+def _segment_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(bullet, terminal) per code point for `quality_loops.segment_scan`, taken from the RE2
+    patterns: a character followed by a space matches BULLET_START (the bullet marks; digits and
+    letters are checked in the loop), a character alone matches TERMINAL_END."""
+    global _SEGMENT_TABLES
+    if _SEGMENT_TABLES is None:
+        t = quality_loops.code_point_tables("segment-tables", f"{pa.__version__}{BULLET_START}{TERMINAL_END}",
+                                            _build_segment_tables)
+        _SEGMENT_TABLES = (t["bullet"], t["terminal"])
+    return _SEGMENT_TABLES
+
+
+def _build_segment_tables(points: np.ndarray) -> dict[str, np.ndarray]:
+    chars = pa.array([chr(c) for c in points.tolist()], pa.string())
+    tables = {}
+    for name, probe, pattern in (("bullet", pc.binary_join_element_wise(chars, " ", ""), BULLET_START),
+                                 ("terminal", chars, TERMINAL_END)):
+        table = np.zeros(quality_loops.CODE_POINTS, dtype=np.bool_)
+        table[points[pc.match_substring_regex(probe, pattern).to_numpy(zero_copy_only=False)]] = True
+        tables[name] = table
+    return tables
+
+
+def _segment_stats(texts: pa.Array, paragraphs: bool, cjk_doc: np.ndarray, short_chars: Optional[int],
+                   short_chars_cjk: Optional[int]) -> dict[str, np.ndarray]:
+    """Per document: segment count (lines, or with `paragraphs` the pieces between blank lines),
+    duplicate segments (after the first) by count and characters, and bullet / ellipsis / terminal /
+    short / boilerplate line counts; one compiled pass (`quality_loops.segment_scan`) but for the
+    boilerplate phrases, searched only in the lines of documents that hold one."""
     n = len(texts)
-    # a plain newline splits as the literal kernel does, without the regex engine
-    lists = pc.split_pattern(texts, "\n") if pattern == r"\n" else pc.split_pattern_regex(texts, pattern)
-    offsets = lists.offsets.to_numpy()
-    bounds = offsets - offsets[0]
-    flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
-    seg_doc = np.repeat(np.arange(n, dtype=np.int64), np.diff(bounds))
-    lengths = pc.utf8_length(flat).to_numpy(zero_copy_only=False).astype(np.int64)
-    real = lengths > 0
-    out = {"segments": np.bincount(seg_doc[real], minlength=n)}
-    # duplicates: a segment equal to an earlier one of the same document
-    encoded = pc.dictionary_encode(flat)
-    ids = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    key = seg_doc * (len(encoded.dictionary) + 1) + ids
-    key_r, len_r, doc_r = key[real], lengths[real], seg_doc[real]
-    order = np.argsort(key_r, kind="stable")
-    dup = np.zeros(len(key_r), dtype=bool)
-    if len(key_r) > 1:
-        dup[order[1:]] = key_r[order[1:]] == key_r[order[:-1]]
-    out["dup_segments"] = np.bincount(doc_r[dup], minlength=n)
-    out["dup_segment_chars"] = np.bincount(doc_r[dup], weights=len_r[dup], minlength=n)
-    out["segment_chars"] = np.bincount(doc_r, weights=len_r, minlength=n)
-    if terminal:
-        hit = pc.match_substring_regex(flat, TERMINAL_END).to_numpy(zero_copy_only=False) & real
-        out["terminal_paras"] = np.bincount(seg_doc[hit], minlength=n)
-    if short_chars is not None:
-        is_cjk_line = np.asarray(cjk_doc, dtype=bool)[seg_doc]
-        short = np.where(is_cjk_line, lengths <= short_chars_cjk, lengths <= short_chars) & real
-        for name, pat in (("bullet", BULLET_START), ("ellipsis", ELLIPSIS_END), ("terminal", TERMINAL_END)):
-            hit = pc.match_substring_regex(flat, pat).to_numpy(zero_copy_only=False) & real
-            out[f"{name}_lines"] = np.bincount(seg_doc[hit], minlength=n)
-        # unanchored and never spanning a newline: a line can only match in a document that matches, so
-        # the lines of the (few) matching documents are the only ones searched
-        doc_hit = pc.fill_null(pc.match_substring_regex(texts, BOILERPLATE_LINE), False).to_numpy(zero_copy_only=False)
-        hit = np.zeros(len(seg_doc), dtype=bool)
-        maybe = doc_hit[seg_doc] & real
-        if maybe.any():
-            idx = np.flatnonzero(maybe)
-            hit[idx] = pc.match_substring_regex(flat.take(pa.array(idx)), BOILERPLATE_LINE).to_numpy(zero_copy_only=False)
-        out["boilerplate_lines"] = np.bincount(seg_doc[hit], minlength=n)
-        out["short_lines"] = np.bincount(seg_doc[short], minlength=n)
+    data, offsets = utf8_buffers(texts)
+    bullet, terminal = _segment_tables()
+    if short_chars is None:
+        limit = np.full(n, -1, dtype=np.int64)
+    else:
+        limit = np.where(np.asarray(cjk_doc, dtype=bool), short_chars_cjk, short_chars).astype(np.int64)
+    c = quality_loops.segment_scan(data, offsets, paragraphs, line_trim_table(), bullet, terminal, limit)
+    out = {"segments": c[:, 0], "dup_segments": c[:, 1], "dup_segment_chars": c[:, 2].astype(np.float64),
+           "segment_chars": c[:, 3].astype(np.float64)}
+    if paragraphs:
+        out["terminal_paras"] = c[:, 6]
+        return out
+    out.update(bullet_lines=c[:, 4], ellipsis_lines=c[:, 5], terminal_lines=c[:, 6], short_lines=c[:, 7])
+    # unanchored and never spanning a newline: a line can only match in a document that matches, so
+    # the lines of the (few) matching documents are the only ones searched
+    boilerplate = np.zeros(n, dtype=np.int64)
+    doc_hit = np.flatnonzero(pc.fill_null(pc.match_substring_regex(texts, BOILERPLATE_LINE), False)
+                             .to_numpy(zero_copy_only=False))
+    if len(doc_hit):
+        lists = pc.split_pattern(texts.take(pa.array(doc_hit)), "\n")
+        flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
+        seg_doc = np.repeat(doc_hit, np.diff(lists.offsets.to_numpy() - lists.offsets.to_numpy()[0]))
+        hit = pc.match_substring_regex(flat, BOILERPLATE_LINE).to_numpy(zero_copy_only=False)
+        boilerplate = np.bincount(seg_doc[hit], minlength=n)
+    out["boilerplate_lines"] = boilerplate
     return out
 
 
@@ -303,8 +318,8 @@ def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 
     n = len(texts)
     s = _char_scores(texts)
     zh = s["cjk_share"] >= cjk_share
-    lines = _segment_stats(texts, r"\n", zh, short_line_chars, short_line_chars_cjk)
-    paras = _segment_stats(texts, r"\n\s*\n", zh, None, None, terminal=True)
+    lines = _segment_stats(texts, False, zh, short_line_chars, short_line_chars_cjk)
+    paras = _segment_stats(texts, True, zh, None, None)
     tc = _text_counts(texts)  # words, stop words, symbols, mojibake candidates: one compiled pass
     latin_words, zh_stop, symbols = tc[:, 0], tc[:, 1], tc[:, 2] + tc[:, 3]
     ws_words, ws_word_chars, alpha_words, en_stop = tc[:, 5], tc[:, 6], tc[:, 7], tc[:, 8]

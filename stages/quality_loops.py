@@ -501,3 +501,124 @@ def drop_lines(data: np.ndarray, offsets: np.ndarray, line_hit: np.ndarray, line
         k = k0 + (b - a)
         new_off[d + 1] = k
     return out[:max(k, 1)], new_off
+
+
+@nb.njit(inline="always")
+def _perl_space(b):
+    """RE2's \\s: [\\t\\n\\f\\r ] (ASCII only, no vertical tab)."""
+    return b == 32 or b == 9 or b == 10 or b == 12 or b == 13
+
+
+@nb.njit(inline="always")
+def _bullet_start(data, a, b, bullet):
+    """quality.BULLET_START on a trimmed segment [a, b): a bullet mark, 1-3 digits then . ) or 、,
+    or a Latin letter then . or ), followed by an RE2 \\s."""
+    if a >= b:
+        return False
+    c, i = decode_utf8(data, a)
+    if bullet[c]:
+        return i < b and _perl_space(data[i])
+    if 97 <= (c | 32) <= 122:  # [a-zA-Z][.)]
+        return i + 1 < b and (data[i] == 46 or data[i] == 41) and _perl_space(data[i + 1])
+    digits = 0
+    i = a
+    while i < b and 48 <= data[i] <= 57:
+        digits += 1
+        i += 1
+    if digits == 0 or digits > 3 or i >= b:
+        return False
+    if data[i] == 46 or data[i] == 41:  # . )
+        i += 1
+    elif i + 2 < b and data[i] == 0xE3 and data[i + 1] == 0x80 and data[i + 2] == 0x81:  # 、
+        i += 3
+    else:
+        return False
+    return i < b and _perl_space(data[i])
+
+
+@nb.njit(inline="always")
+def _ends_with(data, a, b, pattern):
+    n = len(pattern)
+    if b - a < n:
+        return False
+    for q in range(n):
+        if data[b - n + q] != pattern[q]:
+            return False
+    return True
+
+
+@nb.njit(cache=True, nogil=True)
+def segment_scan(data: np.ndarray, offsets: np.ndarray, paragraphs: bool, trim_ws: np.ndarray, bullet: np.ndarray,
+                 terminal: np.ndarray, short_limit: np.ndarray) -> np.ndarray:
+    """Per document, in one pass over an Arrow UTF-8 buffer, the segment statistics of
+    `quality._segment_stats`: segments are lines (split on "\\n") or, with `paragraphs`, the pieces
+    between matches of RE2's `\\n\\s*\\n` (leftmost, greedy: a match runs from a newline to the last
+    newline of the \\s run after it), each trimmed of `trim_ws` characters (Arrow's
+    utf8_trim_whitespace); only non-empty ones count. Columns: segments, duplicate segments (equal to
+    an earlier one of the document, by xxh3-64 of the trimmed bytes), their characters, all segment
+    characters, then bullet / ellipsis / terminal / short (characters <= short_limit[d]) segments."""
+    n = len(offsets) - 1
+    out = np.zeros((n, 8), dtype=np.int64)
+    longest = 1
+    for d in range(n):
+        longest = max(longest, offsets[d + 1] - offsets[d] + 1)
+    hashes = np.empty(longest, dtype=np.uint64)
+    lengths = np.empty(longest, dtype=np.int64)
+    dots = np.array([46, 46, 46], dtype=np.uint8)  # ...
+    ellipsis = np.array([0xE2, 0x80, 0xA6], dtype=np.uint8)  # …
+    maru = np.array([0xE3, 0x80, 0x82, 0xE3, 0x80, 0x82, 0xE3, 0x80, 0x82], dtype=np.uint8)  # 。。。
+    for d in range(n):
+        start, end = offsets[d], offsets[d + 1]
+        m = 0
+        s = start
+        while True:
+            # the segment [s, e) and where the next one starts
+            e = s
+            nxt = end
+            while e < end:
+                if data[e] == 10:
+                    if not paragraphs:
+                        nxt = e + 1
+                        break
+                    j = e + 1
+                    last = -1
+                    while j < end and _perl_space(data[j]):
+                        if data[j] == 10:
+                            last = j
+                        j += 1
+                    if last >= 0:
+                        nxt = last + 1
+                        break
+                    e = j  # no second newline in this run: no match can start inside it
+                    continue
+                e += 1
+            a, b = _trim(data, s, e, trim_ws)
+            length = 0
+            for i in range(a, b):
+                if (data[i] & 0xC0) != 0x80:
+                    length += 1
+            if length > 0:
+                out[d, 0] += 1
+                out[d, 3] += length
+                hashes[m] = xxh3_64(data, a, b)
+                lengths[m] = length
+                m += 1
+                if _bullet_start(data, a, b, bullet):
+                    out[d, 4] += 1
+                if _ends_with(data, a, b, dots) or _ends_with(data, a, b, ellipsis) or _ends_with(data, a, b, maru):
+                    out[d, 5] += 1
+                c, _ = decode_utf8(data, _char_start_before(data, b))
+                if terminal[c]:
+                    out[d, 6] += 1
+                if length <= short_limit[d]:
+                    out[d, 7] += 1
+            if e >= end:
+                break
+            s = nxt
+        if m > 1:
+            order = np.argsort(hashes[:m])
+            for q in range(1, m):
+                if hashes[order[q]] == hashes[order[q - 1]]:
+                    out[d, 1] += 1
+                    out[d, 2] += lengths[order[q]]
+    return out

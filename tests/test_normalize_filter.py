@@ -288,3 +288,66 @@ def test_compiled_line_pass_equals_the_python_definition():
     assert lines.hashes.tolist() == [line_hash(t) for t in trimmed]
     assert lines.width.tolist() == [line_width(t) if t else 0 for t in trimmed]
     assert [lines.text(k) for k in range(len(flat))] == trimmed
+
+
+def _reference_segments(texts: pa.Array, pattern: str, cjk_doc: np.ndarray, short: tuple | None) -> dict:
+    """The line and paragraph statistics as the Arrow/RE2 kernels define them (the code the compiled
+    `segment_scan` replaced): split, utf8_trim_whitespace, dictionary-encoded duplicates, regexes."""
+    from corpusmill.stages import quality
+
+    n = len(texts)
+    lists = pc.split_pattern(texts, "\n") if pattern == r"\n" else pc.split_pattern_regex(texts, pattern)
+    bounds = lists.offsets.to_numpy() - lists.offsets.to_numpy()[0]
+    flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
+    seg_doc = np.repeat(np.arange(n), np.diff(bounds))
+    lengths = pc.utf8_length(flat).to_numpy(zero_copy_only=False).astype(np.int64)
+    real = lengths > 0
+    ids = pc.dictionary_encode(flat).indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    seen, dup = set(), np.zeros(len(ids), dtype=bool)
+    for k in np.flatnonzero(real):
+        dup[k] = (seg_doc[k], ids[k]) in seen
+        seen.add((seg_doc[k], ids[k]))
+    out = {"segments": np.bincount(seg_doc[real], minlength=n), "dup_segments": np.bincount(seg_doc[dup], minlength=n),
+           "dup_segment_chars": np.bincount(seg_doc[dup], weights=lengths[dup], minlength=n),
+           "segment_chars": np.bincount(seg_doc[real], weights=lengths[real], minlength=n)}
+
+    def count(pat: str) -> np.ndarray:
+        hit = pc.match_substring_regex(flat, pat).to_numpy(zero_copy_only=False) & real
+        return np.bincount(seg_doc[hit], minlength=n)
+
+    if short is None:
+        out["terminal_paras"] = count(quality.TERMINAL_END)
+        return out
+    out.update(bullet_lines=count(quality.BULLET_START), ellipsis_lines=count(quality.ELLIPSIS_END),
+               terminal_lines=count(quality.TERMINAL_END), boilerplate_lines=count(quality.BOILERPLATE_LINE),
+               short_lines=np.bincount(seg_doc[real & (lengths <= np.where(cjk_doc[seg_doc], short[1], short[0]))],
+                                       minlength=n))
+    return out
+
+
+def test_compiled_segment_pass_equals_the_arrow_kernels():
+    """Lines and paragraphs (RE2's \\n\\s*\\n: \\s is [\\t\\n\\f\\r ], no vertical tab, and the match
+    runs to the last newline of the run), trimming (Unicode spaces), duplicates, bullets (1-3 digits
+    only), ellipses, terminal punctuation, short and boilerplate lines: what the regexes count."""
+    import random
+
+    from corpusmill.stages import quality
+
+    rng = random.Random(11)
+    alphabet = (list("ab \t\n\n\n\r\f\v.…。-*+•1234、)Z(") +
+                ["\u3000", "\u00a0", "\x85", "\u2028", "。。。", "...", "」", "中", "ｘ", "  \n \t\n", "\n\v\n", "- ",
+                 "12. ", "a) ", "1234. ", "B.\t", "Privacy Policy", "版权所有", "ok\n", "ok\n"])
+    texts = pa.array(["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(4000)]
+                     + ["", "\n", "\n\n", "a\n\nb\n\n", "x \n \n y", "1) one\n2) two\n2) two"], pa.string())
+    cjk = np.arange(len(texts)) % 3 == 0
+    got_lines = quality._segment_stats(texts, False, cjk, 30, 5)
+    got_paras = quality._segment_stats(texts, True, cjk, None, None)
+    for got, want in ((got_lines, _reference_segments(texts, r"\n", cjk, (30, 5))),
+                      (got_paras, _reference_segments(texts, r"\n\s*\n", cjk, None))):
+        assert set(got) == set(want)
+        for key, ref in want.items():
+            bad = np.flatnonzero(np.asarray(got[key], np.float64) != np.asarray(ref, np.float64))
+            assert not len(bad), (key, [texts[int(i)].as_py() for i in bad[:3]], got[key][bad[:3]], ref[bad[:3]])
+    for key in ("dup_segments", "bullet_lines", "ellipsis_lines", "terminal_lines", "boilerplate_lines", "short_lines"):
+        assert got_lines[key].sum() > 50, key  # the sample exercises every count
+    assert got_paras["segments"].sum() > got_paras["terminal_paras"].sum() > 50
