@@ -149,21 +149,41 @@ def build_composition(rundir: RunDir, stats: dict[str, dict], doc_steps: dict[st
 
 def _removed_rows(step: str, kind: str, files: list[str], index: _Groups, entry, cross: dict) -> None:
     """Count one step's removed rows by group and reason; duplicates also by the keeper's group. The
-    rows are counted as integer codes (group, reason), never as Python strings per row."""
-    names = pq.read_schema(files[0]).names
-    columns = ["uid", "reason"] + (["duplicate_of"] if "duplicate_of" in names else [])
-    table = pq.read_table(files, columns=columns)
-    src, lang = index.codes(table.column("uid").to_numpy())
-    encoded = table.column("reason").fill_null("?").combine_chunks().dictionary_encode()
-    reasons = [str(r) for r in encoded.dictionary.to_pylist()]
-    reason = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    n_names, n_reasons = len(index.names) + 2, max(1, len(reasons))
-    for key, n in _counted((src.astype(np.int64) * n_names + lang) * n_reasons + reason):
-        (sl, r) = divmod(key, n_reasons)
-        (s, lg) = divmod(sl, n_names)
-        entry((index.names[s], index.names[lg]))["removed"].setdefault(step, {})[reasons[r]] = n
-    if kind != DUPLICATES or "duplicate_of" not in columns:
-        return
+    rows are counted one file at a time (the driver holds one part's removed rows, not the corpus's)
+    as integer codes (group, reason), never as Python strings per row; reasons are numbered in the
+    order they are first met, so the counts come out in the order one pass over all rows gives."""
+    reasons: dict[str, int] = {}
+    counts: dict[int, int] = {}
+    n_names = len(index.names) + 2
+    for f in files:
+        names = pq.read_schema(f).names
+        columns = ["uid", "reason"] + (["duplicate_of"] if "duplicate_of" in names else [])
+        table = pq.read_table(f, columns=columns)
+        src, lang = index.codes(table.column("uid").to_numpy())
+        encoded = table.column("reason").fill_null("?").combine_chunks().dictionary_encode()
+        local = np.array([reasons.setdefault(str(r), len(reasons)) for r in encoded.dictionary.to_pylist()], np.int64)
+        reason = local[encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)] if len(local) else np.zeros(0, np.int64)
+        group = src.astype(np.int64) * n_names + lang
+        values, n = np.unique(group * MAX_REASONS + reason, return_counts=True)
+        for k, c in zip(values.tolist(), n.tolist()):
+            counts[k] = counts.get(k, 0) + c
+        if kind == DUPLICATES and "duplicate_of" in columns:
+            _cross_rows(step, table, src, lang, [r for r, _ in sorted(reasons.items(), key=lambda kv: kv[1])],
+                        reason, index, entry, cross)
+    label = sorted(reasons, key=reasons.get)
+    for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):  # most frequent first (ties by key)
+        sl, r = divmod(key, MAX_REASONS)
+        s, lg = divmod(sl, n_names)
+        entry((index.names[s], index.names[lg]))["removed"].setdefault(step, {})[label[r]] = n
+
+
+MAX_REASONS = 1 << 16  # a step's distinct removal reasons (rules, methods): far fewer
+
+
+def _cross_rows(step: str, table: pa.Table, src: np.ndarray, lang: np.ndarray, reasons: list[str], reason: np.ndarray,
+                index: _Groups, entry, cross: dict) -> None:
+    """Duplicates of one file counted by the keeper's group where it is not the removed one's."""
+    n_names = len(index.names) + 2
     dup_of = table.column("duplicate_of").to_numpy(zero_copy_only=False)
     has = ~np.isnan(dup_of) if dup_of.dtype.kind == "f" else np.ones(len(dup_of), bool)
     ksrc, klang = index.codes(np.where(has, dup_of, -1).astype(np.int64))
@@ -184,10 +204,3 @@ def _removed_rows(step: str, kind: str, files: list[str], index: _Groups, entry,
         pair = (step, label[s], label[lg], label[ks], label[kl])
         cross[pair] = cross.get(pair, 0) + n
         entry((label[s], label[lg]))["duplicates_kept_elsewhere"] += n
-
-
-def _counted(keys: np.ndarray) -> list[tuple[int, int]]:
-    """(key, count) of an integer array, most frequent first (ties by key)."""
-    values, counts = np.unique(keys, return_counts=True)
-    order = np.lexsort((values, -counts))
-    return [(int(values[i]), int(counts[i])) for i in order]

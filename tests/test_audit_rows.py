@@ -100,3 +100,40 @@ def test_dedup_export_writes_removed_in_the_requested_format_with_text(tmp_path,
     assert {r["id"] for r in rows} == {"long-copy", "long-near"}
     for r in rows:
         assert r["text"] == texts[r["id"]][:2000] and r["duplicate_of"] == "long"
+
+
+def test_report_examples_are_read_one_part_at_a_time(tmp_path):
+    """The filter's examples per reason and a dedup step's first rows, read part by part, are the
+    ones a read of every removed row at once gives: the first rows of each reason in part order."""
+    import pyarrow as pa
+
+    from corpusmill.pipeline.steps.dedup.removal import examples
+    from corpusmill.pipeline.steps.filter import removed_examples
+
+    rng = random.Random(5)
+    removed, texts = tmp_path / "removed", tmp_path / "texts"
+    removed.mkdir()
+    texts.mkdir()
+    uid = 0
+    for part in range(4):
+        rows = []
+        for _ in range(rng.randint(0, 9)):  # an empty part, reasons met in different orders
+            rows.append({"uid": uid, "id": f"d{uid}", "reason": rng.choice(["short", "gopher", "garbled"]),
+                         "score": float(uid), "duplicate_of_id": f"k{uid}", "cluster_size": 2})
+            uid += 1
+        frame = pd.DataFrame(rows, columns=["uid", "id", "reason", "score", "duplicate_of_id", "cluster_size"])
+        pq.write_table(pa.Table.from_pandas(frame.astype({"uid": "int64", "score": "float64", "cluster_size": "int64"}),
+                                            preserve_index=False), removed / f"part.{part}.parquet")
+    pq.write_table(pa.table({"uid": pa.array(range(uid), pa.int64()), "text": [f"text of {u}" for u in range(uid)]}),
+                   texts / "part-0.parquet")
+    every = pd.concat([pq.read_table(f).to_pandas() for f in sorted(removed.glob("*.parquet"))], ignore_index=True)
+    for per_reason in (1, 2, 50):
+        got = removed_examples(removed, texts, per_reason)
+        want: dict = {}
+        for row in every.groupby("reason").head(per_reason).itertuples():
+            want.setdefault(row.reason, []).append({"id": row.id, "score": row.score, "text": f"text of {row.uid}"})
+        assert got == want
+    files = [str(f) for f in sorted(removed.glob("*.parquet"))]
+    for n in (1, 5, 100):
+        assert examples(files, ("id", "duplicate_of_id"), n) == every[["id", "duplicate_of_id"]].head(n).to_dict("records")
+    assert uid > 10 and every["reason"].nunique() == 3

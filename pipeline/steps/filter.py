@@ -229,13 +229,21 @@ def _merge_sources(parts: list[dict]) -> dict:
 
 def removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3) -> dict:
     """A few removed documents per reason (every reason, from all parts), with the first 300
-    characters of their text."""
+    characters of their text. The parts are read one at a time: the driver holds the examples, not
+    every removed row."""
     files = sorted(removed_dir.glob("*.parquet"))
     if not files:
         return {}
     columns = ["uid", "id", "reason", "score"] + (["override"] if "override" in pq.read_schema(files[0]).names else [])
-    removed = pd.concat([pq.read_table(str(f), columns=columns).to_pandas() for f in files], ignore_index=True)
-    picked = removed.groupby("reason").head(per_reason)
+    chosen, seen = [], pd.Series(dtype="int64")
+    for f in files:
+        rows = pq.read_table(str(f), columns=columns).to_pandas()
+        head = rows.groupby("reason").head(per_reason)
+        room = per_reason - seen.reindex(head["reason"]).fillna(0).to_numpy()
+        head = head[head.groupby("reason").cumcount().to_numpy() < room]
+        seen = seen.add(head["reason"].value_counts(), fill_value=0)
+        chosen.append(head)
+    picked = pd.concat(chosen, ignore_index=True)
     want = set(picked["uid"].tolist())
     texts: dict[int, str] = {}
     for f in sorted(text_dir.glob("part-*.parquet")):

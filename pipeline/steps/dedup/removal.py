@@ -89,9 +89,16 @@ def attach_texts(ctx: StepContext, folder: Path, source: str) -> None:
 
 
 def examples(files: list[str], columns: tuple[str, ...], n: int = 10) -> list[dict]:
-    """The first removed rows of `files`, for the report."""
-    rows = pq.read_table(files).slice(0, n).to_pylist() if files else []
-    return [{k: r[k] for k in columns} for r in rows]
+    """The first removed rows of `files`, for the report: the files are read in order until there
+    are `n` (not every removed row, text excerpts included, into the driver)."""
+    rows: list[dict] = []
+    for f in files:
+        reader = pq.ParquetFile(f)
+        for batch in reader.iter_batches(batch_size=n, columns=[c for c in columns if c in reader.schema_arrow.names]):
+            rows += batch.slice(0, n - len(rows)).to_pylist()
+            if len(rows) >= n:
+                return [{k: r.get(k) for k in columns} for r in rows]
+    return [{k: r.get(k) for k in columns} for r in rows]
 
 
 # ---- near duplicates: which document each cluster keeps, and why the others go ---------------
