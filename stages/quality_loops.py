@@ -98,13 +98,13 @@ def _fmix64(x):
 
 
 @nb.njit(inline="always")
-def _count_windows(comp, lo, cand, n_cand, prev_w, w, hv, keys, cnt, stamp, generation, slot_of, later):
-    """Occurrences of every candidate window's n-gram in one document (an open-addressing table;
-    slots of an older `generation` are free), and whether an earlier window had the same n-gram.
-    `hv[j]` holds the fold of candidate j's first `prev_w` components (the previous size's key) and
-    is extended to `w` components here: the same key, without refolding the whole window per size."""
+def _count_windows(comp, lo, cand, n_cand, prev_w, w, hv, keys, cnt, stamp, generation, slot_of, later, mask):
+    """Occurrences of every candidate window's n-gram in one document (an open-addressing table of
+    `mask` + 1 slots, sized to the document so a short one stays in cache; slots of an older
+    `generation` are free), and whether an earlier window had the same n-gram. `hv[j]` holds the
+    fold of candidate j's first `prev_w` components (the previous size's key) and is extended to `w`
+    components here: the same key, without refolding the whole window per size."""
     P = np.uint64(0x100000001B3)
-    mask = np.uint64(len(keys) - 1)
     for j in range(n_cand):
         s = lo + cand[j]
         h = hv[j]
@@ -203,6 +203,10 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
         for j in range(m):
             cand[j] = j
             hv[j] = 0
+        dcap = 16
+        while dcap < 2 * m:
+            dcap *= 2
+        mask = np.uint64(dcap - 1)
         prev_w = 0
         for z in range(n_sizes):
             w = sizes[d, z]
@@ -217,7 +221,7 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
             if n_cand == 0:
                 break
             generation += 1
-            _count_windows(comp, lo, cand, n_cand, prev_w, w, hv, keys, cnt, stamp, generation, slot_of, later)
+            _count_windows(comp, lo, cand, n_cand, prev_w, w, hv, keys, cnt, stamp, generation, slot_of, later, mask)
             prev_w = w
             if z < n_top:
                 out[d, z] = _top_share(comp_len, lo, cand, n_cand, w, cnt, slot_of) / denom
