@@ -388,7 +388,11 @@ def main() -> None:
     ap.add_argument("--keep-runs", action="store_true", help="keep every run's folder (default: only its report)")
     ap.add_argument("--jobs", type=int, default=2, help="processes making the corpus")
     ap.add_argument("--tokenizer", default=str(HERE.parent.parent / "shared/data/kept/tokenizers/chinese-llama-2_tokenizer.model"))
+    ap.add_argument("--tables", action="store_true", help="only print the tables of WORK/results.jsonl")
     args = ap.parse_args()
+    if args.tables:
+        print(tables([json.loads(line) for line in open(args.work / "results.jsonl")]))
+        return
     results = []
     scales = [int(x) for x in args.scales.split(",")]
     # a corpus made earlier for a larger scale serves (its first copies are the smaller corpus)
@@ -408,12 +412,43 @@ def main() -> None:
             results.append(r)
             if not args.keep_runs:
                 _discard_run(out)
+    print(tables(results))
+
+
+STEPS = ("read", "normalize", "filter", "exact_dedup", "near_dedup", "tokenize", "pack", "shard", "after shard")
+
+
+def tables(results: list[dict]) -> str:
+    """Markdown: one row per run; peak RSS per step (driver / largest worker, MB); seconds per step
+    with each step's ratio to the same engine's smallest scale."""
     cols = ["scale", "mb", "engine", "rc", "wall_s", "cpu_s", "peak_driver_mb", "peak_worker_mb", "peak_all_mb",
             "spilled_mb", "workers_alive_at_end", "planted_exact_found", "planted_near_found", "removed_sha256",
             "shards_rows"]
-    print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in results]
+    out += ["", "| run | " + " | ".join(STEPS) + " |", "|---|" + "---:|" * len(STEPS)]
     for r in results:
-        print("| " + " | ".join(str(r.get(c)) for c in cols) + " |")
+        by = r.get("by_step_mb", {})
+        out.append(f"| {r['scale']}x {r['engine']} | " + " | ".join(
+            f"{by[s]['driver']} / {by[s]['worker']}" if s in by else "-" for s in STEPS) + " |")
+    base = {}
+    for r in sorted(results, key=lambda r: r["scale"]):
+        base.setdefault(r["engine"], r)
+    out += ["", "| run | " + " | ".join(STEPS[:-1]) + " | wall |", "|---|" + "---:|" * len(STEPS)]
+    for r in results:
+        b, steps = base[r["engine"]], r.get("step_s", {})
+        same = r is b
+        out.append(f"| {r['scale']}x {r['engine']} | " + " | ".join(
+            _cell(steps.get(s), b.get("step_s", {}).get(s), same) for s in STEPS[:-1])
+            + f" | {_cell(r['wall_s'], b['wall_s'], same)} |")
+    return "\n".join(out)
+
+
+def _cell(value, ref, same: bool) -> str:
+    """Seconds, and (but on the base run) their ratio to the base run's."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if same or not ref else f"{value:.0f} ({value / ref:.1f}x)"
 
 
 if __name__ == "__main__":
