@@ -119,20 +119,23 @@ def test_report_examples_are_read_one_part_at_a_time(tmp_path):
         rows = []
         for _ in range(rng.randint(0, 9)):  # an empty part, reasons met in different orders
             rows.append({"uid": uid, "id": f"d{uid}", "reason": rng.choice(["short", "gopher", "garbled"]),
-                         "score": float(uid), "duplicate_of_id": f"k{uid}", "cluster_size": 2})
+                         "score": float(uid), "duplicate_of_id": f"k{uid}", "cluster_size": 2,
+                         "text": f"text of {uid} " + "x" * 400})
             uid += 1
-        frame = pd.DataFrame(rows, columns=["uid", "id", "reason", "score", "duplicate_of_id", "cluster_size"])
+        frame = pd.DataFrame(rows, columns=["uid", "id", "reason", "score", "duplicate_of_id", "cluster_size", "text"])
         pq.write_table(pa.Table.from_pandas(frame.astype({"uid": "int64", "score": "float64", "cluster_size": "int64"}),
                                             preserve_index=False), removed / f"part.{part}.parquet")
-    pq.write_table(pa.table({"uid": pa.array(range(uid), pa.int64()), "text": [f"text of {u}" for u in range(uid)]}),
-                   texts / "part-0.parquet")
+    for k in range(2):  # the step's input parts: the texts the audit rows were cut from
+        pq.write_table(pa.table({"uid": pa.array(range(k, uid, 2), pa.int64()),
+                                 "text": [f"text of {u} " + "x" * 400 for u in range(k, uid, 2)]}), texts / f"part-{k}.parquet")
     every = pd.concat([pq.read_table(f).to_pandas() for f in sorted(removed.glob("*.parquet"))], ignore_index=True)
     for per_reason in (1, 2, 50):
-        got = removed_examples(removed, texts, per_reason)
         want: dict = {}
         for row in every.groupby("reason").head(per_reason).itertuples():
-            want.setdefault(row.reason, []).append({"id": row.id, "score": row.score, "text": f"text of {row.uid}"})
-        assert got == want
+            want.setdefault(row.reason, []).append({"id": row.id, "score": row.score, "text": row.text[:300]})
+        # texts from the audit rows (they keep 2000 characters), or looked up in the parts (they keep 100)
+        assert removed_examples(removed, texts, per_reason, audit_chars=2000) == want
+        assert removed_examples(removed, texts, per_reason, audit_chars=100) == want
     files = [str(f) for f in sorted(removed.glob("*.parquet"))]
     for n in (1, 5, 100):
         assert examples(files, ("id", "duplicate_of_id"), n) == every[["id", "duplicate_of_id"]].head(n).to_dict("records")

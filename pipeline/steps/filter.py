@@ -110,7 +110,8 @@ class FilterStep(DocumentStep):
         line_stats.get("top", []).sort(key=lambda t: (-t["removed"], -t["docs"]))
         stats["boilerplate_lines"] = line_stats
         outputs = {
-            "examples": removed_examples(folder / "removed", ctx.rundir.folder(self.reads)),
+            "examples": removed_examples(folder / "removed", ctx.rundir.folder(self.reads),
+                                         audit_chars=fc.audit_text_chars),
             "rules": rule_dicts(rules),
             "scores_dir": str(cache) if fc.keep_scores else None,
             "overrides": [{"name": o["name"], "match": {k: o[k] for k in ("source", "language", "script") if o[k]},
@@ -227,15 +228,22 @@ def _merge_sources(parts: list[dict]) -> dict:
     return out
 
 
-def removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3) -> dict:
+EXAMPLE_CHARS = 300  # characters of each removed document the report shows
+
+
+def removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3, audit_chars: Optional[int] = 0) -> dict:
     """A few removed documents per reason (every reason, from all parts), with the first 300
-    characters of their text. The parts are read one at a time: the driver holds the examples, not
-    every removed row."""
+    characters of their text. The removed parts are read one at a time (the driver holds the
+    examples, not every removed row); the text comes from the audit rows when they keep at least
+    300 characters (`audit_chars`: filter.audit_text_chars), else from the step's input parts, read
+    by uid first and for text only where an example is."""
     files = sorted(removed_dir.glob("*.parquet"))
     if not files:
         return {}
-    columns = ["uid", "id", "reason", "score"] + (["override"] if "override" in pq.read_schema(files[0]).names else [])
-    chosen, seen = [], pd.Series(dtype="int64")
+    names = pq.read_schema(files[0]).names
+    from_audit = "text" in names and (audit_chars is None or audit_chars >= EXAMPLE_CHARS)
+    columns = ["uid", "id", "reason", "score"] + (["override"] if "override" in names else [])
+    chosen, seen, texts = [], pd.Series(dtype="int64"), {}
     for f in files:
         rows = pq.read_table(str(f), columns=columns).to_pandas()
         head = rows.groupby("reason").head(per_reason)
@@ -243,16 +251,12 @@ def removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3) -> 
         head = head[head.groupby("reason").cumcount().to_numpy() < room]
         seen = seen.add(head["reason"].value_counts(), fill_value=0)
         chosen.append(head)
+        if from_audit and len(head):  # the text column of this part only, and only its examples' rows
+            cut = pq.read_table(str(f), columns=["text"]).column("text").take(pa.array(head.index.to_numpy()))
+            texts.update({int(u): (t or "")[:EXAMPLE_CHARS] for u, t in zip(head["uid"], cut.to_pylist())})
     picked = pd.concat(chosen, ignore_index=True)
-    want = set(picked["uid"].tolist())
-    texts: dict[int, str] = {}
-    for f in sorted(text_dir.glob("part-*.parquet")):
-        t = pq.read_table(f, columns=["uid", "text"])
-        mask = pa.compute.is_in(t.column("uid"), value_set=pa.array(sorted(want), type=pa.int64()))
-        for row in t.filter(mask).to_pylist():
-            texts[row["uid"]] = row["text"][:300]
-        if len(texts) == len(want):
-            break
+    if not from_audit:
+        texts = _texts_by_uid(text_dir, set(picked["uid"].tolist()))
     out: dict = {}
     for row in picked.itertuples():
         example = {"id": row.id, "score": row.score, "text": texts.get(int(row.uid), "")}
@@ -261,3 +265,19 @@ def removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3) -> 
         out.setdefault(row.reason, []).append(example)
     return out
 
+
+def _texts_by_uid(text_dir: Path, want: set[int]) -> dict[int, str]:
+    """The first EXAMPLE_CHARS characters of the documents `want` names, from parts read by uid
+    first: a part's text is read only when it holds one of them."""
+    texts: dict[int, str] = {}
+    value_set = pa.array(sorted(want), type=pa.int64())
+    for f in sorted(text_dir.glob("part-*.parquet")):
+        hit = pa.compute.is_in(pq.read_table(f, columns=["uid"]).column("uid"), value_set=value_set)
+        if not pa.compute.any(hit).as_py():
+            continue
+        t = pq.read_table(f, columns=["uid", "text"]).filter(hit)
+        for row in t.to_pylist():
+            texts[row["uid"]] = (row["text"] or "")[:EXAMPLE_CHARS]
+        if len(texts) == len(want):
+            break
+    return texts
