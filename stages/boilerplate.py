@@ -9,6 +9,7 @@ seen in at least `min_docs` documents and `min_doc_share` of their source's docu
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -161,6 +162,28 @@ def count_lines_buckets(path: str, min_width: int, buckets: int) -> tuple:
     order = np.argsort(bucket, kind="stable")
     cuts = np.searchsorted(bucket[order], np.arange(buckets + 1))
     return (sources, *(rows[order[cuts[b]:cuts[b + 1]]] for b in range(buckets)))
+
+
+def count_lines_to_file(path: str, min_width: int, buckets: int, out_path: str) -> tuple[dict, list[int]]:
+    """`count_lines_buckets` of one part written to `out_path` (one .npy of (source key, hash,
+    docs) rows, grouped by bucket) instead of kept in the worker's memory until every part is
+    counted: the counts of the whole corpus would otherwise sit on the workers at once. Returns the
+    sources and where each bucket's rows start and end."""
+    sources, *chunks = count_lines_buckets(path, min_width, buckets)
+    cuts = np.zeros(buckets + 1, dtype=np.int64)
+    np.cumsum([len(c) for c in chunks], out=cuts[1:])
+    rows = np.concatenate(chunks) if cuts[-1] else np.zeros((0, 3), np.int64)
+    tmp = f"{out_path}.{os.getpid()}.tmp.npy"
+    np.save(tmp, np.ascontiguousarray(rows, dtype=np.int64))
+    os.replace(tmp, out_path)
+    return sources, cuts.tolist()
+
+
+def sum_line_count_files(counted: list[tuple[str, list[int]]], bucket: int, min_docs: int) -> np.ndarray:
+    """`sum_line_counts` of one bucket, read from every part's file (`count_lines_to_file`; memory-
+    mapped, so a task holds this bucket's rows only)."""
+    chunks = [np.load(f, mmap_mode="r")[cuts[bucket]:cuts[bucket + 1]] for f, cuts in counted]
+    return sum_line_counts([np.asarray(c) for c in chunks], min_docs)
 
 
 def sum_line_counts(chunks: list[np.ndarray], min_docs: int) -> np.ndarray:

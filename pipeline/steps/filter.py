@@ -186,19 +186,27 @@ def _keyed_rules(fc: FilterConfig) -> dict[tuple, dict]:
 
 def boilerplate_lines(ctx: StepContext, parts: list[str], cache: Path, reuse: bool) -> tuple[dict, dict]:
     """{source: set of line hashes} to remove: lines in at least `min_docs` documents and
-    `min_doc_share` of their source's documents. Each part counts its lines into int64 arrays split
-    by line hash (`boilerplate.count_lines_buckets`); one task per bucket sums that bucket over the
-    corpus and passes on only the lines in `min_docs` documents or more (no string shuffle)."""
+    `min_doc_share` of their source's documents. Each part counts its lines into an int64 file
+    grouped by line hash (`boilerplate.count_lines_to_file`); one task per bucket sums that bucket
+    over the corpus and passes on only the lines in `min_docs` documents or more (no string
+    shuffle, and no worker holds the whole corpus's counts)."""
     bc = ctx.cfg.filter.boilerplate_lines
     if not bc.enabled:
         return {}, {"enabled": False}
     path = cache / "boilerplate_lines.parquet"
     if not (reuse and path.is_file()):
         buckets = max(1, len(parts) // 4)
-        counted = [delayed(boilerplate.count_lines_buckets, nout=buckets + 1)(p, bc.min_width, buckets) for p in parts]
-        tasks = [delayed(boilerplate.sum_line_counts)([c[b + 1] for c in counted], bc.min_docs) for b in range(buckets)]
+        counts_dir = cache / "line_counts"  # each part's counts on disk until its buckets are summed
+        shutil.rmtree(counts_dir, ignore_errors=True)
+        counts_dir.mkdir(parents=True)
+        counted = [delayed(boilerplate.count_lines_to_file, nout=2)(p, bc.min_width, buckets,
+                                                                      str(counts_dir / f"{Path(p).stem}.npy"))
+                   for p in parts]
+        files = [(str(counts_dir / f"{Path(p).stem}.npy"), c[1]) for p, c in zip(parts, counted)]
+        tasks = [delayed(boilerplate.sum_line_count_files)(files, b, bc.min_docs) for b in range(buckets)]
         tasks.append(delayed(_merge_sources)([c[0] for c in counted]))
         *frequent, sources = ctx.run(tasks, "02-filter: counting lines across the corpus")
+        shutil.rmtree(counts_dir, ignore_errors=True)
         frequent = np.concatenate(frequent) if frequent else np.zeros((0, 3), np.int64)
         names = {k: v[0] for k, v in sources.items()}
         source_docs = np.array([sources[k][1] for k in frequent[:, 0].tolist()], dtype=float)
