@@ -46,18 +46,12 @@ def line_width(line: str) -> int:
     return int(line_widths(pa.array([line.strip()], pa.string()))[0])
 
 
-_LINE_TABLES: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None
-
-
 def _line_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per code point: trimmed by Arrow's utf8_trim_whitespace, stripped by Python's str.strip, and
     counted wide by `WIDE` (RE2): taken from those kernels once, so the compiled `line_scan` splits,
     trims, measures and hashes lines exactly as `line_widths` and `line_hash` do."""
-    global _LINE_TABLES
-    if _LINE_TABLES is None:
-        t = quality_loops.code_point_tables("line-tables", f"{pa.__version__}{WIDE}", _build_line_tables)
-        _LINE_TABLES = (t["trim"], t["strip"], t["wide"])
-    return _LINE_TABLES
+    t = quality_loops.code_point_tables("line-tables", f"{pa.__version__}{WIDE}", _build_line_tables)
+    return t["trim"], t["strip"], t["wide"]
 
 
 def _build_line_tables(points: np.ndarray) -> dict[str, np.ndarray]:

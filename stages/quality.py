@@ -46,7 +46,6 @@ SIMPLIFIED_ONLY = "们这个说来时国会对发为后学经与门开关见话�
 # strings that only appear when text was decoded with the wrong encoding
 MOJIBAKE = ("锟斤拷", "烫烫烫", "屯屯屯", "Ã©", "Ã¨", "Ã¢", "â€™", "â€œ", "â€", "Â ")
 
-_TABLES: Optional[tuple[np.ndarray, np.ndarray]] = None
 CLASS_TABLES_VERSION = 1  # bump when _build_class_tables changes: the tables cached on disk are rebuilt
 
 
@@ -54,15 +53,12 @@ def _class_tables() -> tuple[np.ndarray, np.ndarray]:
     """(class of every code point, traditional/simplified marker: 1 traditional-only, 2 simplified-only).
     1.1M unicodedata calls take seconds in every process (each Dask worker): cached on disk, keyed by
     the Unicode version and the definition."""
-    global _TABLES
-    if _TABLES is None:
-        import unicodedata
+    import unicodedata
 
-        t = quality_loops.code_point_tables(
-            "class-tables", f"{unicodedata.unidata_version}{CLASS_TABLES_VERSION}{TRADITIONAL_ONLY}{SIMPLIFIED_ONLY}",
-            _build_class_tables)
-        _TABLES = (t["cls"], t["ts"])
-    return _TABLES
+    t = quality_loops.code_point_tables(
+        "class-tables", f"{unicodedata.unidata_version}{CLASS_TABLES_VERSION}{TRADITIONAL_ONLY}{SIMPLIFIED_ONLY}",
+        _build_class_tables)
+    return t["cls"], t["ts"]
 
 
 def _build_class_tables(_points: np.ndarray) -> dict[str, np.ndarray]:
@@ -130,19 +126,13 @@ BOILERPLATE_LINE = (r"(?i)(javascript|enable cookies|cookie policy|we use cookie
                     r"all rights reserved|版权所有|隐私政策|使用条款|使用协议|京ICP备|ICP备案|请启用JavaScript)")
 
 
-_SEGMENT_TABLES: Optional[tuple[np.ndarray, np.ndarray]] = None
-
-
 def _segment_tables() -> tuple[np.ndarray, np.ndarray]:
     """(bullet, terminal) per code point for `quality_loops.segment_scan`, taken from the RE2
     patterns: a character followed by a space matches BULLET_START (the bullet marks; digits and
     letters are checked in the loop), a character alone matches TERMINAL_END."""
-    global _SEGMENT_TABLES
-    if _SEGMENT_TABLES is None:
-        t = quality_loops.code_point_tables("segment-tables", f"{pa.__version__}{BULLET_START}{TERMINAL_END}",
-                                            _build_segment_tables)
-        _SEGMENT_TABLES = (t["bullet"], t["terminal"])
-    return _SEGMENT_TABLES
+    t = quality_loops.code_point_tables("segment-tables", f"{pa.__version__}{BULLET_START}{TERMINAL_END}",
+                                        _build_segment_tables)
+    return t["bullet"], t["terminal"]
 
 
 def _build_segment_tables(points: np.ndarray) -> dict[str, np.ndarray]:
@@ -257,19 +247,15 @@ ZH_STOP_CHARS = "的了是在不有和人这這之也而其以于於为為一无
 
 WORD_CHARS = r"[^\s\p{Z}\p{P}\p{S}\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]+"  # a run of them is a word
 STOP_TRIM = ".,;:!?\"'()[]{}"
-_TEXT_TABLES: Optional[tuple[np.ndarray, np.ndarray]] = None
 
 
 def _text_tables() -> tuple[np.ndarray, np.ndarray]:
     """(flags, lowmap) per code point for `quality_loops.text_counts`, taken from the Arrow kernels
     (RE2 classes, utf8_split_whitespace, utf8_lower) the scores were defined with, applied to every
     code point once: the compiled loop then counts exactly what those kernels count."""
-    global _TEXT_TABLES
-    if _TEXT_TABLES is None:
-        t = quality_loops.code_point_tables("text-tables", f"{pa.__version__}{WORD_CHARS}{ZH_STOP_CHARS}{MOJIBAKE}{PUNCT}",
-                                            _build_text_tables)
-        _TEXT_TABLES = (t["flags"], t["lowmap"])
-    return _TEXT_TABLES
+    t = quality_loops.code_point_tables("text-tables", f"{pa.__version__}{WORD_CHARS}{ZH_STOP_CHARS}{MOJIBAKE}{PUNCT}",
+                                        _build_text_tables)
+    return t["flags"], t["lowmap"]
 
 
 def _build_text_tables(points: np.ndarray) -> dict[str, np.ndarray]:

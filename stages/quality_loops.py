@@ -27,8 +27,17 @@ def code_point_tables(name: str, key: str, build: Callable[[np.ndarray], dict[st
     """Per-code-point tables a compiled loop reads: `build(points)` (every code point but surrogates)
     returns arrays of CODE_POINTS entries taken from the kernels the loop must agree with. Built once
     per `key` (what they depend on: library versions, patterns) and cached on disk beside the compiled
-    loops; a read-only install builds them once per process."""
+    loops; a read-only install builds them once per process. Loaded once per process."""
     cache = Path(__file__).resolve().parent / "__pycache__" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.npz"
+    if str(cache) not in _LOADED:
+        _LOADED[str(cache)] = _load_or_build(cache, build)
+    return _LOADED[str(cache)]
+
+
+_LOADED: dict[str, dict[str, np.ndarray]] = {}
+
+
+def _load_or_build(cache: Path, build: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     try:
         with np.load(cache) as z:
             tables = {k: z[k] for k in z.files}
@@ -45,6 +54,7 @@ def code_point_tables(name: str, key: str, build: Callable[[np.ndarray], dict[st
     except OSError:
         pass
     return tables
+
 
 _GOLDEN = 0x9E3779B97F4A7C15
 
