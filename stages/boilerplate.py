@@ -1,11 +1,12 @@
 """Line-level boilerplate: lines that recur in many documents of the same source (page headers,
 licence banners, navigation), found by counting line hashes across the whole corpus.
 
-`count_lines_buckets` emits, per partition, how many documents of each source contain each line (a
-line counts once per document) as int64 arrays split by line hash into buckets; one task per bucket
-sums them over the corpus (`sum_line_counts`, no string shuffle) and the filter step keeps the lines
-seen in at least `min_docs` documents and `min_doc_share` of their source's documents.
-`strip_lines` removes them from documents, counting what it removed per source.
+`count_lines_to_file` writes, per partition, how many documents of each source contain each line (a
+line counts once per document) as int64 rows grouped by line hash into buckets; one task per bucket
+sums its slice of every partition's file over the corpus (`sum_line_count_files`, no string shuffle)
+and the filter step keeps the lines seen in at least `min_docs` documents and `min_doc_share` of
+their source's documents. `strip_lines_array` removes them from documents, counting what it removed
+per source.
 """
 from __future__ import annotations
 
