@@ -372,6 +372,13 @@ def _shards_rows(out: Path) -> str:
     return hashlib.sha256(json.dumps([f.get("rows_xxh3_sum") for f in files]).encode()).hexdigest()[:16]
 
 
+def _positive(value: str) -> int:
+    """argparse type: an integer of at least 1."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {value!r}")
+    return int(value)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("corpus", type=Path)
@@ -386,11 +393,13 @@ def main() -> None:
                     help="dedup.components_memory_mb (default: the config's): near-dup candidates and edges held in "
                          "the driver up to this much, on the workers above it")
     ap.add_argument("--keep-runs", action="store_true", help="keep every run's folder (default: only its report)")
-    ap.add_argument("--jobs", type=int, default=2, help="processes making the corpus")
+    ap.add_argument("--jobs", type=_positive, default=2, help="processes making the corpus")
     ap.add_argument("--tokenizer", default=str(HERE.parent.parent / "shared/data/kept/tokenizers/chinese-llama-2_tokenizer.model"))
     ap.add_argument("--tables", action="store_true", help="only print the tables of WORK/results.jsonl")
     args = ap.parse_args()
     if args.tables:
+        if not (args.work / "results.jsonl").is_file():
+            ap.error(f"--tables: {args.work / 'results.jsonl'} does not exist (no run has finished in {args.work})")
         print(tables([json.loads(line) for line in open(args.work / "results.jsonl")]))
         return
     results = []
