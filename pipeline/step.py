@@ -237,13 +237,20 @@ class StepContext:
         outputs are named so that they sort in the parts' order. `balance_text`: cut at equal text
         bytes (`text_slices`, the lengths read first) rather than equal rows; a step that turns it on
         puts it in its link, since the slices, and so the task keys, differ."""
+        parts = self.parts(step)
+        slices = [1] * len(parts)
+        if split_mb:
+            slices = [max(1, min(64, math.ceil(os.path.getsize(p) * TEXT_PER_PARQUET_BYTE / (split_mb * 2**20))))
+                      for p in parts]
+        balanced: dict[int, list[int]] = {}
+        if balance_text:  # the lengths are read on the workers: a driver reading every part's text grew with the corpus
+            cut = [i for i, k in enumerate(slices) if k > 1]
+            found = self.run([delayed(text_slices)(parts[i], split_mb) for i in cut], f"{label or folder.name}: slice plan")
+            balanced = dict(zip(cut, found))
         tasks = []
-        for p in self.parts(step):
-            k = 1
-            if split_mb:
-                k = max(1, min(64, math.ceil(os.path.getsize(p) * TEXT_PER_PARQUET_BYTE / (split_mb * 2**20))))
-            if k > 1 and balance_text:
-                bounds = text_slices(p, split_mb)
+        for j, (p, k) in enumerate(zip(parts, slices)):
+            if j in balanced:
+                bounds = balanced[j]
                 k = len(bounds) - 1
             elif k > 1:
                 bounds = np.linspace(0, pq.ParquetFile(p).metadata.num_rows, k + 1).astype(int)
@@ -272,8 +279,9 @@ def text_slices(path: str, split_mb: float) -> list[int]:
     column's lengths (no Python strings)."""
     import pyarrow.compute as pc
 
-    lengths = pc.fill_null(pc.binary_length(pq.read_table(path, columns=["text"]).column("text")), 0)
-    ends = np.cumsum(lengths.to_numpy(zero_copy_only=False).astype(np.int64))
+    pieces = [pc.fill_null(pc.binary_length(batch.column(0)), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+              for batch in pq.ParquetFile(path).iter_batches(batch_size=4096, columns=["text"])]  # a batch at a time
+    ends = np.cumsum(np.concatenate(pieces) if pieces else np.zeros(0, np.int64))
     total = int(ends[-1]) if len(ends) else 0
     k = max(1, min(64, math.ceil(total / (split_mb * 2**20))))
     cuts = np.searchsorted(ends, total * np.arange(1, k, dtype=np.float64) / k, side="left") + 1
