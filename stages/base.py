@@ -79,6 +79,14 @@ class BatchResult:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
+def one_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column as one Array. A single chunk is returned as it is: `combine_chunks` copies even then,
+    which cost the shard step a 64 MB copy of every packed part for every chunk of every file."""
+    if not isinstance(values, pa.ChunkedArray):
+        return values
+    return values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
+
+
 def in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     """Whether each of `values` is in `sorted_set` (sorted, e.g. uids to drop): one binary search per
     value instead of a hash set of every uid."""

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from . import quality_loops
+from .base import one_array
 from .shingles import utf8_buffers
 
 _SIGN = 1 << 63
@@ -96,8 +97,7 @@ class _Lines:
 
 
 def _split_lines(texts: pa.Array) -> _Lines:
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
+    texts = one_array(texts)
     data, offsets = utf8_buffers(texts)
     trim, strip, wide = _line_tables()
     per_doc, lo, hi, width, hashes = quality_loops.line_scan(data, offsets, trim, strip, wide)
@@ -110,12 +110,12 @@ def _count_part(path: str, min_width: int) -> tuple[list[str], np.ndarray, np.nd
     documents holding it) for one partition. Lines are split, trimmed, measured and hashed by one
     compiled pass over the part's UTF-8 buffer (`quality_loops.line_scan`)."""
     table = pq.read_table(path, columns=["text", "source"])
-    sources = pc.fill_null(table.column("source").combine_chunks().cast(pa.string()), "")
+    sources = pc.fill_null(one_array(table.column("source")).cast(pa.string()), "")
     src_codes = pc.dictionary_encode(sources)
     src_names = src_codes.dictionary.to_pylist()
     doc_src = src_codes.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     per_source = np.bincount(doc_src, minlength=len(src_names))
-    lines = _split_lines(table.column("text").combine_chunks())
+    lines = _split_lines(one_array(table.column("text")))
     # a one- or two-line document is content (or a duplicate), not a page with boilerplate
     keep = (lines.nonempty_per_doc[lines.doc] >= MIN_DOC_LINES) & (lines.width >= min_width)
     hashes = lines.hashes[keep]
@@ -217,8 +217,7 @@ def strip_lines_array(texts: pa.Array, sources: np.ndarray, drop: dict[str, set[
     for those lines, so a report can show the lines, not only their hashes."""
     n = len(texts)
     removed = np.zeros(n, dtype=np.int64)
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
+    texts = one_array(texts)
     present = [s for s in dict.fromkeys(sources.tolist()) if drop.get(s)]
     if not present or not n:
         return texts, removed

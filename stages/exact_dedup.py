@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from .base import REMOVED_META, BatchResult, in_sorted
+from .base import REMOVED_META, BatchResult, in_sorted, one_array
 
 HASH_META = pd.DataFrame(
     {
@@ -46,8 +46,7 @@ def hash_texts(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(h_hi, h_lo): `hash_batch`'s xxh3-128 of each string of an Arrow array, read straight from
     its UTF-8 buffer (no Python string per document)."""
     texts = pc.fill_null(texts.cast(pa.large_string()), "")
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
+    texts = one_array(texts)
     if len(texts) == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[texts.offset:texts.offset + len(texts) + 1]
@@ -65,8 +64,7 @@ def fold_whitespace(texts: pa.Array) -> pa.Array:
     from .shingles import utf8_buffers
     from .sketch import fold_whitespace as fold
 
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
+    texts = one_array(texts)
     if len(texts) == 0:
         return texts
     data, offsets = utf8_buffers(pc.fill_null(texts, ""))
@@ -87,7 +85,7 @@ def hash_file(path: str, normalize: Optional[dict] = None) -> pd.DataFrame:
     if normalize is not None:
         from .normalize import normalize_array
 
-        texts = normalize_array(table.column("text").combine_chunks(), **normalize)
+        texts = normalize_array(one_array(table.column("text")), **normalize)
         table = table.set_column(3, "text", texts)
     return hash_batch(table.to_pandas())
 

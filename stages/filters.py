@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .base import REMOVED_SCHEMA, BatchResult, removed_frame, write_table_atomic
+from .base import REMOVED_SCHEMA, BatchResult, one_array, removed_frame, write_table_atomic
 from .boilerplate import strip_lines_array
 from .quality import decide, detected_language, dominant_script, score_texts
 
@@ -185,8 +185,7 @@ def score_in_chunks(texts: pa.Array | list[str], options: dict) -> pd.DataFrame:
     slices of one Arrow array; the scores of a document do not depend on its neighbours)."""
     if not isinstance(texts, (pa.Array, pa.ChunkedArray)):
         texts = pa.array(texts, pa.string())
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
+    texts = one_array(texts)
     if not len(texts):
         return score_texts(texts, **options)
     ends = np.cumsum(pc.fill_null(pc.utf8_length(texts), 0).to_numpy(zero_copy_only=False))
@@ -203,8 +202,7 @@ def _text_array(column: pd.Series) -> pa.Array:
     """A frame's string column as one Arrow array (no copy when it is Arrow-backed already)."""
     values = column.array
     arr = values._pa_array if hasattr(values, "_pa_array") else pa.array(column.tolist(), pa.string())
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    arr = one_array(arr)
     return arr.cast(pa.string()) if arr.type != pa.string() else arr
 
 

@@ -19,7 +19,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from . import exact_dedup, minhash, simhash, sketch
-from .base import REMOVED_META, in_sorted, write_table_atomic
+from .base import REMOVED_META, in_sorted, one_array, write_table_atomic
 from .normalize import normalize_array
 from .shingles import ShingleSpec, same_components, shingle_hashes, shingle_hashes_multi
 
@@ -60,7 +60,7 @@ def signature_table(table: pa.Table, out_path: str, spec: SignatureSpec) -> dict
     language with `spec.exact`): the reader of a dedup job signs each part it has just written
     without reading it back (`read_and_sign_unit`)."""
     has_language = "language" in table.column_names
-    raw = table.column("text").combine_chunks()
+    raw = one_array(table.column("text"))
     texts = raw
     if spec.normalize is not None:
         # shingling splits on any whitespace, so folding it here would change nothing
@@ -268,7 +268,7 @@ def texts_for_uids(path: str, uids_sorted: np.ndarray, normalize: Optional[dict]
     `signature_part` normalises them (so verification sees the text the signatures saw)."""
     table = pq.read_table(path, columns=["uid", "text"])
     table = table.filter(pa.array(in_sorted(table.column("uid").to_numpy(), uids_sorted)))
-    texts = table.column("text").combine_chunks()
+    texts = one_array(table.column("text"))
     if normalize is not None:
         texts = normalize_array(texts, **{**normalize, "fold_whitespace": False})
     df = pd.DataFrame({"uid": table.column("uid").to_numpy(), "text": texts.to_pylist()})

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .base import BatchResult
+from .base import BatchResult, one_array
 
 ANSI_ESCAPE = r"\x1b\[[0-9;?]*[A-Za-z]"
 # Control (Cc, except tab and newline) and format (Cf: zero-width space/joiners, BOM, soft hyphen).
@@ -149,8 +149,7 @@ def normalize_batch(df: pd.DataFrame, chinese_convert: Optional[str] = None, **o
     """Normalise the `text` column (options as in `normalize_array`), then convert Chinese script
     when `chinese_convert` names an OpenCC conversion; nothing is removed here."""
     before = pa.array(df["text"], type=pa.string())
-    if isinstance(before, pa.ChunkedArray):  # a part of several row groups: the masks below need one array
-        before = before.combine_chunks()
+    before = one_array(before)  # a part of several row groups: the masks below need one array
     after = normalize_array(before, **options)
     converted = 0
     if chinese_convert:

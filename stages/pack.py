@@ -31,7 +31,7 @@ from typing import Any, Optional
 import numpy as np
 import pyarrow as pa
 
-from .base import BatchResult, read_table, write_table_atomic
+from .base import BatchResult, one_array, read_table, write_table_atomic
 from .composition import UNKNOWN, window_groups
 
 
@@ -54,7 +54,7 @@ def pack_batch(tokens: pa.Table, window: int, mode: str = "concat", pad_id: int 
         return _pad_one_per_sample(tokens, window, pad_id), np.empty(0, np.int32)
     if mode == "best_fit":
         return _best_fit(tokens, window, pad_id), np.empty(0, np.int32)
-    lists = tokens.column("input_ids").combine_chunks()
+    lists = one_array(tokens.column("input_ids"))
     flat = lists.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
     n_full = len(flat) // window
     cut = n_full * window
@@ -92,7 +92,7 @@ def pack_tails(tails: list[np.ndarray], window: int, remainder: str, pad_id: int
 
 
 def _docs(tokens: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    flat = tokens.column("input_ids").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    flat = one_array(tokens.column("input_ids")).flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
     lengths = tokens.column("n_tokens").to_numpy().astype(np.int64)
     return flat, lengths
 
@@ -354,7 +354,7 @@ def concat_stats(lengths: np.ndarray, window: int) -> dict[str, int]:
 def _list_view(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """(values, offsets) of a list column: row r holds values[offsets[r]:offsets[r + 1]]. One chunk
     (how parts are written) stays a view of the memory-mapped file."""
-    array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    array = one_array(column)
     return (array.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False),
             array.offsets.to_numpy().astype(np.int64))
 
@@ -525,7 +525,7 @@ def _bucket_rows(path: str, b0: int, b1: int) -> pa.Table:
     the memory-mapped key column: only the rows asked for are read)."""
     table = read_table(path)
     keys = table.column("key")
-    keys = (keys.chunk(0) if keys.num_chunks == 1 else keys.combine_chunks()).to_numpy()
+    keys = one_array(keys).to_numpy()
     shift = 64 - ORDER_BITS
     lo = int(np.searchsorted(keys, np.uint64(b0 << shift), "left"))
     hi = len(keys) if b1 + 1 >= ORDER_BUCKETS else int(np.searchsorted(keys, np.uint64((b1 + 1) << shift), "left"))

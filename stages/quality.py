@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import quality_loops
+from .base import one_array
 from .boilerplate import line_trim_table
 from .shingles import PUNCT, ShingleSpec, _component_hashes, utf8_buffers
 
@@ -298,8 +299,7 @@ def _text_counts(texts: pa.Array) -> np.ndarray:
 def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 2,
                 short_line_chars: int = 30, short_line_chars_cjk: int = 5) -> pd.DataFrame:
     """Every score of every document (one row per document, in order)."""
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
+    texts = one_array(texts)
     texts = texts.cast(pa.string())
     n = len(texts)
     s = _char_scores(texts)

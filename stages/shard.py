@@ -17,7 +17,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 import xxhash
 
-from .base import file_sha256, read_table
+from .base import file_sha256, one_array, read_table
 from .manifest import MINDRECORD_NAME  # noqa: F401 - re-exported: what mindformers' loader collects
 
 SCHEMA_NAME = "corpusmill_pretrain"
@@ -99,7 +99,7 @@ def count_windows(path: str) -> int:
 def _part_windows(path: str) -> Windows:
     """A packed part as (ids, n_pad) numpy views of its memory-mapped Arrow IPC file (positions unset)."""
     table = read_table(path, columns=["input_ids", "n_pad"])
-    ids = table.column("input_ids").combine_chunks()
+    ids = one_array(table.column("input_ids"))
     matrix = ids.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False).reshape(len(ids), ids.type.list_size)
     return Windows(np.empty(0, np.int64), matrix, table.column("n_pad").to_numpy().astype(np.int32, copy=False))
 
@@ -117,18 +117,33 @@ def _rows_in_range(pos: np.ndarray, start: int, end: int, used: int, total: int)
     return np.concatenate(chosen), np.concatenate(targets)
 
 
+def file_rows(slices: list[np.ndarray], start: int, end: int, used: int, total: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per packed part, (its rows, their shuffle positions) among positions start..end-1, by position:
+    found once per file, so each chunk of the file picks its rows by a binary search and opens only
+    the parts that hold some of them."""
+    found = []
+    for pos in slices:
+        index, at = _rows_in_range(pos, start, end, used, total)
+        order = np.argsort(at, kind="stable")
+        found.append((index[order], at[order]))
+    return found
+
+
 def gather_positions(parts: list[str], slices: list[np.ndarray], start: int, end: int, used: int, total: int,
-                     window: int) -> Windows:
+                     window: int, found: Optional[list[tuple[np.ndarray, np.ndarray]]] = None) -> Windows:
     """The windows at shuffle positions start..end-1, in position order. `slices[i][j]` is the
     position of window j of part i. Positions `total..used-1` (remainder "pad") repeat the windows at
-    positions `0..used-total-1`. Parts are memory-mapped Arrow IPC files, so a file's task reads only
+    positions `0..used-total-1`. `found`: `file_rows` of a range holding start..end-1 (the whole
+    file's, computed once). Parts are memory-mapped Arrow IPC files, so a file's task reads only
     its own rows: the global shuffle costs one copy per window and no shuffle round."""
+    found = found if found is not None else file_rows(slices, start, end, used, total)
     out = Windows(np.full(end - start, -1, np.int64), np.empty((end - start, window), np.int32),
                   np.zeros(end - start, np.int32))
-    for path, pos in zip(parts, slices):
-        index, at = _rows_in_range(pos, start, end, used, total)
-        if not len(index):
+    for path, (rows, at) in zip(parts, found):
+        lo, hi = np.searchsorted(at, [start, end])
+        if lo == hi:
             continue
+        index, at = rows[lo:hi], at[lo:hi]
         part = _part_windows(path)
         if part.ids.shape[1] != window:
             raise ShardError(f"{path}: windows of {part.ids.shape[1]} ids, expected {window}")
@@ -182,7 +197,7 @@ def _row_digest(row: np.ndarray) -> int:
 IGNORE_INDEX = -100  # mindformers' label for positions that carry no loss
 
 
-SHARD_CHUNK_BYTES = 64 << 20  # ids a shard task holds at a time: its memory stays flat however large the file
+SHARD_CHUNK_BYTES = 16 << 20  # ids a shard task holds at a time: its memory stays flat however large the file
 
 
 def write_mindrecord(chunks: Windows | Iterable[Windows], path: str, window: int, write_batch: int,
@@ -270,9 +285,10 @@ def gather_and_write(parts: list[str], counts: list[int], seed: int, start: int,
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     slices = [inv[offsets[i]:offsets[i + 1]] for i in range(len(parts))]
     step = max(1, SHARD_CHUNK_BYTES // (4 * window * write_batch)) * write_batch
-    chunks = (gather_positions(parts, slices, a, min(a + step, end), used, total, window) for a in range(start, end, step))
+    rows = file_rows(slices, start, end, used, total)
+    chunks = (gather_positions(parts, slices, a, min(a + step, end), used, total, window, rows) for a in range(start, end, step))
     out = write_mindrecord(chunks, path, window, write_batch, labels, verify, rows_total=end - start)
-    found = file_groups(parts, slices, start, end, used, total)
+    found = file_groups(parts, rows, start)
     if found is not None:  # the file's share of the shards' composition: the driver only adds them up
         out["sample_group"], out["group_tokens"] = found
     return {**out, "task_seconds": time.perf_counter() - started}
@@ -281,22 +297,22 @@ def gather_and_write(parts: list[str], counts: list[int], seed: int, start: int,
 GROUP_COLUMNS = ("group", "groups", "group_tokens")  # what the pack step adds per window (stages.pack._with_groups)
 
 
-def file_groups(parts: list[str], slices: list[np.ndarray], start: int, end: int, used: int,
-                total: int) -> Optional[tuple[np.ndarray, dict[int, int]]]:
-    """Which (source, language) code fills each sample at positions start..end-1 (the one with most
-    ids; -1 for none) and the ids of each code in them, from the packed parts' group columns. None
-    when the parts carry no groups (packed in corpus order, or by an older run)."""
-    sample_group = np.full(end - start, -1, np.int32)
+def file_groups(parts: list[str], rows: list[tuple[np.ndarray, np.ndarray]],
+                start: int) -> Optional[tuple[np.ndarray, dict[int, int]]]:
+    """Which (source, language) code fills each sample of a file (the one with most ids; -1 for
+    none) and the ids of each code in them, from the packed parts' group columns; `rows` is the
+    file's `file_rows`, whose first position is `start`. None when the parts carry no groups (packed
+    in corpus order, or by an older run)."""
+    sample_group = np.full(sum(len(index) for index, _ in rows), -1, np.int32)
     tokens: dict[int, int] = {}
-    for path, pos in zip(parts, slices):
+    for path, (index, at) in zip(parts, rows):
         table = read_table(path)
         if not set(GROUP_COLUMNS) <= set(table.column_names):
             return None
-        index, at = _rows_in_range(pos, start, end, used, total)
         if not len(index):
             continue
         sample_group[at - start] = table.column("group").to_numpy()[index]
-        groups, group_tokens = table.column("groups").combine_chunks(), table.column("group_tokens").combine_chunks()
+        groups, group_tokens = one_array(table.column("groups")), one_array(table.column("group_tokens"))
         offsets = groups.offsets.to_numpy()
         codes, ids = groups.values.to_numpy(), group_tokens.values.to_numpy()
         counts = offsets[index + 1] - offsets[index]

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from . import sketch
+from .base import one_array
 
 CJK = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}"
 PUNCT = r"[\p{P}\p{S}]+"
@@ -270,8 +271,7 @@ def shingle_hashes_multi(texts: pa.Array, specs: list[ShingleSpec]) -> list[tupl
     and its components hashed once (MinHash's 5-grams and SimHash's 3-grams in one pass)."""
     assert all(same_components(specs[0], s) for s in specs[1:])
     spec = specs[0]
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
+    texts = one_array(texts)
     texts = _prepare(texts.cast(pa.string()), spec)
     cjk = cjk_mask(texts, spec)
     comp, counts = _component_hashes(texts, cjk, spec)
