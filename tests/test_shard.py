@@ -115,3 +115,35 @@ def test_a_written_file_and_its_index_name_each_other_and_a_renamed_file_is_caug
         os.rename(path + suffix, str(tmp_path / "b.mindrecord") + suffix)
     problems = pairing_problems(str(tmp_path / "b.mindrecord"), "b.mindrecord", 12)
     assert any("header names" in p for p in problems) and any("written for a.mindrecord" in p for p in problems)
+
+
+def test_a_file_written_a_chunk_at_a_time_has_the_bytes_of_one_written_at_once(tmp_path, monkeypatch):
+    """gather_and_write finds each file's rows once (`file_rows`) and gathers them a chunk at a time:
+    with chunks of 2 rows and of the whole file, every file of a plan has the same sha256 and samples."""
+    from corpusmill.stages import shard
+
+    window, sizes = 9, [7, 11, 5]
+    parts = _pack_parts(tmp_path, sizes, window)
+    plan = plan_shards(sum(sizes), ranks=2, files_per_rank=2)
+    written = {}
+    for label, chunk_bytes in (("small", 2 * 4 * window), ("whole", 1 << 30)):
+        monkeypatch.setattr(shard, "SHARD_CHUNK_BYTES", chunk_bytes)
+        written[label] = [shard.gather_and_write(parts, sizes, 5, plan.file_bounds[f], plan.file_bounds[f + 1], plan.used,
+                                                 str(tmp_path / label / f"f{f}.mindrecord"), window, 1, False, "full")
+                          for f in range(plan.files)]
+    for small, whole in zip(written["small"], written["whole"]):
+        assert small["sha256"] == whole["sha256"] and small["samples"] == whole["samples"] > 0
+    assert sum(w["samples"] for w in written["small"]) == plan.used
+
+
+def test_one_array_keeps_a_single_chunk_without_copying_it():
+    import pyarrow as pa
+
+    from corpusmill.stages.base import one_array
+
+    single = pa.chunked_array([pa.array(np.arange(1000, dtype=np.int32))])
+    assert one_array(single).buffers()[1].address == single.chunk(0).buffers()[1].address  # the same memory
+    several = pa.chunked_array([pa.array([1, 2]), pa.array([3])])
+    assert one_array(several).to_pylist() == [1, 2, 3]
+    plain = pa.array(["a", None])
+    assert one_array(plain) is plain
