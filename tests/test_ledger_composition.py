@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -14,7 +16,15 @@ from corpusmill.pipeline.rundir import RunDir
 from corpusmill.stages.composition import UNKNOWN, group_counts
 
 
-def test_removed_rows_are_counted_by_their_group_and_their_keepers_group(tmp_path):
+@pytest.mark.parametrize("named_like_read_parts", [False, True])
+def test_removed_rows_are_counted_by_their_group_and_their_keepers_group(tmp_path, monkeypatch, named_like_read_parts):
+    """With the filter's removed files named like the read parts (as a document step writes them),
+    its rows are looked up in their own part: the index holds the duplicates' uids and their keepers' only."""
+    from corpusmill.pipeline import composition
+
+    indexed = []
+    index = composition._Groups.index
+    monkeypatch.setattr(composition._Groups, "index", lambda self, uids: (indexed.append(len(uids)), index(self, uids)))
     rd = RunDir(tmp_path)
     docs = {}  # uid -> (source, language), over three read parts (uids carry the file in their high bits)
     for i in range(3):
@@ -36,9 +46,13 @@ def test_removed_rows_are_counted_by_their_group_and_their_keepers_group(tmp_pat
                        ("exact_dedup", [(u, "exact_earlier_run" if u == earlier else "exact", keeper[u]) for u in dups])):
         folder = rd.folder(step) / "removed"
         folder.mkdir(parents=True)
-        uid, reason, dup_of = zip(*rows)
-        pq.write_table(pa.table({"uid": pa.array(uid, pa.int64()), "reason": list(reason),
-                                 "duplicate_of": pa.array(dup_of, pa.int64())}), folder / "part.0.parquet")
+        by_file = {"part.0": rows}
+        if step == "filter" and named_like_read_parts:
+            by_file = {f"part-{i:05d}": [r for r in rows if r[0] >> 32 == i] for i in range(3)}
+        for name, file_rows in by_file.items():
+            uid, reason, dup_of = zip(*file_rows)
+            pq.write_table(pa.table({"uid": pa.array(uid, pa.int64()), "reason": list(reason),
+                                     "duplicate_of": pa.array(dup_of, pa.int64())}), folder / f"{name}.parquet")
 
     def by_group(uids):
         return group_counts([docs[u][0] for u in uids], [docs[u][1] for u in uids], chars=[1] * len(uids))
@@ -68,3 +82,4 @@ def test_removed_rows_are_counted_by_their_group_and_their_keepers_group(tmp_pat
     assert got_cross == want_cross and len(want_cross) > 3
     assert {(g["source"], g["language"]): g["duplicates_kept_elsewhere"] for g in comp["groups"]
             if g["duplicates_kept_elsewhere"]} == dict(Counter(docs[u] for u in dups if keeper_group(u) != docs[u]))
+    assert indexed == [2 * len(dups) if named_like_read_parts else len(filtered) + 2 * len(dups)]
