@@ -39,7 +39,6 @@ class _Groups:
         self.names: list[str] = list(self.SPECIAL)
         self._code: dict[str, int] = {name: i for i, name in enumerate(self.names)}
         self.parts = {Path(p).stem: p for p in rundir.parts("read")}
-        self._all = list(self.parts.values())
         self.keys = np.empty(0, np.int64)
         self.src = np.empty(0, np.int32)
         self.lang = np.empty(0, np.int32)
@@ -64,7 +63,7 @@ class _Groups:
         self.keys = np.unique(uids.astype(np.int64, copy=False))
         self.src = np.zeros(len(self.keys), np.int32)
         self.lang = np.zeros(len(self.keys), np.int32)
-        for path in self._all if len(self.keys) else []:
+        for path in self.parts.values() if len(self.keys) else []:
             table = self._table(path)
             uid = table.column("uid").to_numpy()
             pos = np.searchsorted(self.keys, uid).clip(max=len(self.keys) - 1)

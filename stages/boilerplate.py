@@ -115,7 +115,7 @@ def _count_part(path: str, min_width: int) -> tuple[list[str], np.ndarray, np.nd
     src_names = src_codes.dictionary.to_pylist()
     doc_src = src_codes.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     per_source = np.bincount(doc_src, minlength=len(src_names))
-    lines = _split_lines(one_array(table.column("text")))
+    lines = _split_lines(table.column("text"))  # one array there
     # a one- or two-line document is content (or a duplicate), not a page with boilerplate
     keep = (lines.nonempty_per_doc[lines.doc] >= MIN_DOC_LINES) & (lines.width >= min_width)
     hashes = lines.hashes[keep]
