@@ -4,14 +4,14 @@
 the two apart (as NeMo Curator does) lets a run store the scores once and re-apply changed
 thresholds without recomputing them.
 
-Everything is vectorised over a batch:
-- character classes (scripts, punctuation, digits, garbled code points, traditional-only and
-  simplified-only characters) come from one lookup table indexed by code point, counted per
-  document with `bincount`;
-- line and paragraph statistics come from one compiled pass per document over the UTF-8 buffer
-  (the patterns' character classes taken from RE2 itself);
-- n-gram repetition (Gopher) hashes components (words, or characters for CJK text) as the
-  near-duplicate shingler does, and counts n-grams per document with one sort per n.
+Everything is computed per batch by compiled loops over the Arrow UTF-8 buffer (`quality_loops`):
+- one pass (`doc_scan`) reads every character once for everything counted per character: classes
+  (scripts, punctuation, digits, garbled code points, traditional-only and simplified-only
+  characters, from lookup tables indexed by code point), words and stop words as Arrow's kernels
+  count them, and Gopher's components (lowercased words, or characters for CJK text) as 64-bit keys;
+- line and paragraph statistics come from one pass each (the patterns' character classes taken
+  from RE2 itself);
+- n-gram repetition (Gopher) counts each document's n-grams of components in a small hash table.
 
 A document is "zh" when CJK characters are at least `cjk_share` of its letters; rules that only
 make sense for space-delimited text (mean word length, terminal punctuation per line) skip it, and
@@ -19,7 +19,7 @@ its n-gram sizes are scaled (a Chinese word is about two characters).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import pandas as pd
@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from . import quality_loops
 from .base import one_array
 from .boilerplate import line_trim_table
-from .shingles import PUNCT, ShingleSpec, _component_hashes, utf8_buffers
+from .shingles import PUNCT, _drop_table, utf8_buffers
 
 SCORES_VERSION = 3  # bump when a score's definition changes: stored scores of another version are recomputed
 
@@ -95,11 +95,34 @@ def _build_class_tables(_points: np.ndarray) -> dict[str, np.ndarray]:
     return {"cls": cls, "ts": ts}
 
 
-def _char_scores(texts: pa.Array) -> dict[str, np.ndarray]:
+class DocScan(NamedTuple):
+    """`quality_loops.doc_scan` of a batch: what score_texts needs from each character."""
+    counts: np.ndarray  # code points per class (n x N_CLASSES)
+    trad: np.ndarray
+    simp: np.ndarray
+    max_run: np.ndarray
+    zh: np.ndarray  # scored with the zh rules
+    text: np.ndarray  # quality_loops.TEXT_COUNTS columns
+    comp: np.ndarray  # Gopher components, flat
+    comp_len: np.ndarray
+    comp_count: np.ndarray
+
+
+def _scan(texts: pa.Array, cjk_share: float) -> DocScan:
     cls_table, ts_table = _class_tables()
+    flags, low, lower = _text_tables()
+    trim = np.zeros(128, dtype=np.bool_)
+    trim[[ord(c) for c in STOP_TRIM]] = True
+    stop_keys = tuple(quality_loops.stop_key(w) for w in EN_STOP_WORDS)
     data, offsets = utf8_buffers(texts)
-    counts, trad, simp, max_run = quality_loops.char_classes(data, offsets, cls_table, ts_table, N_CLASSES,
-                                                             C_HAN, C_OTHER_LETTER)
+    return DocScan(*quality_loops.doc_scan(
+        data, offsets, cls_table, ts_table, N_CLASSES, C_HAN, C_OTHER_LETTER,
+        np.array([C_HAN, C_KANA, C_HANGUL], dtype=np.int64), float(cjk_share), flags, low, trim, stop_keys,
+        lower, _drop_table(True)))
+
+
+def _char_scores(scan: DocScan) -> dict[str, np.ndarray]:
+    counts, trad, simp, max_run = scan.counts, scan.trad, scan.simp, scan.max_run
     letters = counts[:, C_HAN:C_OTHER_LETTER + 1].sum(axis=1)
     cjk = counts[:, C_HAN] + counts[:, C_KANA] + counts[:, C_HANGUL]
     chars = counts.sum(axis=1)
@@ -187,62 +210,23 @@ TOP_NGRAMS = (2, 3, 4)
 DUP_NGRAMS = (5, 6, 7, 8, 9, 10)
 
 
-def _gopher_components(lowered: pa.Array, cjk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`shingles._component_hashes(..., with_lengths=True)` of lowercased texts with punctuation
-    stripped: words (maximal runs of characters that are neither whitespace nor punctuation or
-    symbols, cut and hashed with xxh3 by the compiled `word_hashes`), CJK characters as the shingler
-    hashes them."""
-    n = len(lowered)
-    counts = np.zeros(n, dtype=np.int64)
-    word_idx = np.flatnonzero(~cjk)
-    cjk_idx = np.flatnonzero(cjk)
-    parts = []
-    if len(word_idx):
-        flags, _ = _text_tables()
-        sep = (flags & (quality_loops.WS | quality_loops.PUNCT)) > 0
-        data, offsets = utf8_buffers(lowered)
-        hashes, word_len, per_doc = quality_loops.word_hashes(data, offsets, word_idx, sep)
-        counts[word_idx] = per_doc
-        parts.append((word_idx, hashes, word_len.astype(np.float64)))
-    if len(cjk_idx):
-        sub = lowered if len(cjk_idx) == n else lowered.take(pa.array(cjk_idx))
-        spec = ShingleSpec(lowercase=True, strip_punctuation=True, cjk_share=0.0)
-        comp, sub_counts, comp_len = _component_hashes(sub, np.ones(len(cjk_idx), dtype=bool), spec, with_lengths=True)
-        counts[cjk_idx] = sub_counts
-        parts.append((cjk_idx, comp, comp_len))
-    if len(parts) == 1:  # one group holds every document, already in document order
-        return np.asarray(parts[0][1], dtype=np.uint64), counts, np.asarray(parts[0][2], dtype=np.float64)
-    starts_all = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=starts_all[1:])
-    flat = np.empty(starts_all[-1], dtype=np.uint64)
-    lengths = np.empty(starts_all[-1], dtype=np.float64)
-    for idx, hashes, lens in parts:  # interleave the two groups back into document order
-        sub_counts = counts[idx]
-        sub_starts = np.zeros(len(idx) + 1, dtype=np.int64)
-        np.cumsum(sub_counts, out=sub_starts[1:])
-        dest = np.repeat(starts_all[idx] - sub_starts[:-1], sub_counts) + np.arange(sub_starts[-1])
-        flat[dest] = hashes
-        lengths[dest] = lens
-    return flat, counts, lengths
-
-
-def _ngram_scores(texts: pa.Array, cjk: np.ndarray, cjk_scale: int) -> dict[str, np.ndarray]:
-    """Gopher's repetition scores over components (lowercased words without punctuation, or CJK
-    characters): top_N = share of component characters in the most frequent N-gram (times its
-    count), dup_N = share of component characters covered by N-grams that occur more than once."""
-    comp, counts, comp_len = _gopher_components(pc.utf8_lower(texts), np.asarray(cjk, dtype=bool))
-    starts = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=starts[1:])
+def _ngram_scores(scan: DocScan, cjk_scale: int) -> dict[str, np.ndarray]:
+    """Gopher's repetition scores over components (lowercased words without punctuation, or the
+    characters of a zh document): top_N = share of component characters in the most frequent N-gram
+    (times its count), dup_N = share of component characters covered by N-grams that occur more
+    than once."""
+    starts = np.zeros(len(scan.comp_count) + 1, dtype=np.int64)
+    np.cumsum(scan.comp_count, out=starts[1:])
     all_sizes = TOP_NGRAMS + DUP_NGRAMS
     sizes = np.array(all_sizes, dtype=np.int64)
-    window = np.where(np.asarray(cjk, dtype=bool)[:, None], sizes * cjk_scale, sizes).astype(np.int64)
-    scores = quality_loops.ngram_repetition(comp, starts, np.ascontiguousarray(comp_len, dtype=np.float64),
-                                            np.ascontiguousarray(window), len(TOP_NGRAMS))
+    window = np.where(scan.zh[:, None], sizes * cjk_scale, sizes).astype(np.int64)
+    scores = quality_loops.ngram_repetition(scan.comp, starts, scan.comp_len, np.ascontiguousarray(window),
+                                            len(TOP_NGRAMS))
     return {f"{'top' if size in TOP_NGRAMS else 'dup'}_{size}gram_share": scores[:, k] for k, size in enumerate(all_sizes)}
 
 
 # ---- stop words ----------------------------------------------------------------------------
-EN_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
+EN_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")  # lowercase ASCII letters, at most 8 (doc_scan keys)
 ZH_STOP_CHARS = "的了是在不有和人这這之也而其以于於为為一无無与與中上大"
 
 
@@ -250,13 +234,13 @@ WORD_CHARS = r"[^\s\p{Z}\p{P}\p{S}\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]+"  
 STOP_TRIM = ".,;:!?\"'()[]{}"
 
 
-def _text_tables() -> tuple[np.ndarray, np.ndarray]:
-    """(flags, lowmap) per code point for `quality_loops.text_counts`, taken from the Arrow kernels
+def _text_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flags, lowmap, lower) per code point for `quality_loops.doc_scan`, taken from the Arrow kernels
     (RE2 classes, utf8_split_whitespace, utf8_lower) the scores were defined with, applied to every
     code point once: the compiled loop then counts exactly what those kernels count."""
-    t = quality_loops.code_point_tables("text-tables", f"{pa.__version__}{WORD_CHARS}{ZH_STOP_CHARS}{MOJIBAKE}{PUNCT}",
+    t = quality_loops.code_point_tables("text-tables", f"2{pa.__version__}{WORD_CHARS}{ZH_STOP_CHARS}{MOJIBAKE}{PUNCT}",
                                         _build_text_tables)
-    return t["flags"], t["lowmap"]
+    return t["flags"], t["lowmap"], t["lower"]
 
 
 def _build_text_tables(points: np.ndarray) -> dict[str, np.ndarray]:
@@ -279,21 +263,13 @@ def _build_text_tables(points: np.ndarray) -> dict[str, np.ndarray]:
     low = np.zeros(L.CODE_POINTS, dtype=np.uint8)
     one = np.asarray(single_ascii.to_numpy(zero_copy_only=False), dtype=bool)
     low[points[one]] = np.frombuffer(b"".join(v.encode() for v in lowered.filter(single_ascii).to_pylist()), np.uint8)
-    return {"flags": flags, "lowmap": low}
-
-
-def _text_counts(texts: pa.Array) -> np.ndarray:
-    """quality_loops.text_counts of a batch (one row per document)."""
-    flags, low = _text_tables()
-    trim = np.zeros(128, dtype=np.bool_)
-    trim[[ord(c) for c in STOP_TRIM]] = True
-    width = max(len(w) for w in EN_STOP_WORDS)
-    stop = np.zeros((len(EN_STOP_WORDS), width), dtype=np.uint8)
-    for k, w in enumerate(EN_STOP_WORDS):
-        stop[k, :len(w)] = np.frombuffer(w.encode(), np.uint8)
-    data, offsets = utf8_buffers(texts)
-    return quality_loops.text_counts(data, offsets, flags, low, trim, stop,
-                                     np.array([len(w) for w in EN_STOP_WORDS], dtype=np.int64))
+    # utf8_lower maps every code point to exactly one code point
+    lower = np.arange(L.CODE_POINTS, dtype=np.uint32)
+    mapped = np.frombuffer("".join(lowered.to_pylist()).encode("utf-32-le"), np.uint32)
+    if len(mapped) != len(points):
+        raise RuntimeError("this pyarrow's utf8_lower maps a code point to several: the lowercase table cannot be built")
+    lower[points] = mapped
+    return {"flags": flags, "lowmap": low, "lower": lower}
 
 
 def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 2,
@@ -302,11 +278,12 @@ def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 
     texts = one_array(texts)
     texts = texts.cast(pa.string())
     n = len(texts)
-    s = _char_scores(texts)
-    zh = s["cjk_share"] >= cjk_share
+    scan = _scan(texts, cjk_share)  # classes, words, stop words, symbols, Gopher components: one compiled pass
+    s = _char_scores(scan)
+    zh = scan.zh
     lines = _segment_stats(texts, False, zh, short_line_chars, short_line_chars_cjk)
     paras = _segment_stats(texts, True, zh, None, None)
-    tc = _text_counts(texts)  # words, stop words, symbols, mojibake candidates: one compiled pass
+    tc = scan.text
     latin_words, zh_stop, symbols = tc[:, 0], tc[:, 1], tc[:, 2] + tc[:, 3]
     ws_words, ws_word_chars, alpha_words, en_stop = tc[:, 5], tc[:, 6], tc[:, 7], tc[:, 8]
     lorem = pc.match_substring(texts, "lorem ipsum", ignore_case=True).to_numpy(zero_copy_only=False)
@@ -347,7 +324,7 @@ def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 
         "traditional_share": np.where(s["trad_simp_marked"] > 0, s["traditional_share"], np.nan),
         **{f"script_{name}": s[f"script_{name}"] for name in SCRIPTS},
     })
-    for key, value in _ngram_scores(texts, zh, cjk_ngram_scale).items():
+    for key, value in _ngram_scores(scan, cjk_ngram_scale).items():
         df[key] = value
     return df
 

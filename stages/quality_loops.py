@@ -248,109 +248,221 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
     return out
 
 
-# flags of the per-code-point table `text_counts` reads (quality._text_tables derives them from Arrow/RE2)
+# flags of the per-code-point table `doc_scan` reads (quality._text_tables derives them from Arrow/RE2)
 WS, WORD_SEP, LETTER, ZH_STOP, MOJIBAKE_START, PUNCT = 1, 2, 4, 8, 16, 32
+TEXT_COUNTS = 9  # columns of doc_scan's text counts
 
 
-@nb.njit(cache=True, nogil=True)
-def text_counts(data: np.ndarray, offsets: np.ndarray, flags: np.ndarray, lowmap: np.ndarray, trim: np.ndarray,
-                stop_words: np.ndarray, stop_len: np.ndarray) -> np.ndarray:
-    """Per document (rows) the counts score_texts took from Arrow kernels, in one pass over the UTF-8:
-    0 runs of word characters (not WORD_SEP), 1 ZH_STOP characters, 2 '#', 3 ellipses ('...' or '…',
-    non-overlapping), 4 whether a MOJIBAKE_START character occurs, and over the tokens of Arrow's
-    utf8_split_whitespace (a run of WS characters separates; a run of two or more at the very end
-    also leaves one more empty token): 5 tokens, 6 their characters, 7 tokens holding a LETTER,
-    8 tokens that are a stop word once lowercased (`lowmap`: the ASCII a character lowercases to, 0
-    for anything else) and trimmed of `trim` characters at both ends."""
-    n = len(offsets) - 1
-    out = np.zeros((n, 9), dtype=np.int64)
-    longest = 0
-    for d in range(n):
-        longest = max(longest, offsets[d + 1] - offsets[d])
-    buf = np.empty(longest + 1, dtype=np.uint8)
-    for d in range(n):
-        i, end = offsets[d], offsets[d + 1]
-        in_word = False
-        dots = 0
-        ws_run = 0
-        tokens = 1
-        tok_len = 0  # characters of the current token; buf holds its lowercased ASCII (0: not ASCII)
-        tok_alpha = False
-        while True:
-            if i < end:
-                c, i = decode_utf8(data, i)
-                f = flags[c]
-            else:
-                c = -1
-                f = WS  # the end closes the last token
-            if c >= 0:
-                if f & WORD_SEP:
-                    in_word = False
-                elif not in_word:
-                    in_word = True
-                    out[d, 0] += 1
-                if f & ZH_STOP:
-                    out[d, 1] += 1
-                if f & MOJIBAKE_START:
-                    out[d, 4] = 1
-                if c == 0x23:
-                    out[d, 2] += 1
-                if c == 0x2E:
-                    dots += 1
-                    if dots == 3:
-                        out[d, 3] += 1
-                        dots = 0
-                else:
-                    dots = 0
-                    if c == 0x2026:
-                        out[d, 3] += 1
-            if f & WS:
-                if tok_len > 0:  # a token ends
-                    out[d, 6] += tok_len
-                    if tok_alpha:
-                        out[d, 7] += 1
-                    if _is_stop(buf, tok_len, trim, stop_words, stop_len):
-                        out[d, 8] += 1
-                    tok_len = 0
-                    tok_alpha = False
-                if c < 0:
-                    break
-                if ws_run == 0:
-                    tokens += 1
-                ws_run += 1
-            else:
-                if ws_run > 0:
-                    ws_run = 0
-                buf[tok_len] = lowmap[c]
-                tok_len += 1
-                if f & LETTER:
-                    tok_alpha = True
-        # a whitespace run reaching the end (ws_run counts it) of two or more leaves one more empty token
-        if ws_run >= 2:
-            tokens += 1
-        out[d, 5] = tokens
-    return out
+_P = np.uint64(0x100000001B3)
+_SEED = np.uint64(0xCBF29CE484222325)
 
 
 @nb.njit(inline="always")
-def _is_stop(buf, length, trim, stop_words, stop_len):
-    lo, hi = 0, length
-    while lo < hi and buf[lo] != 0 and trim[buf[lo]]:
-        lo += 1
-    while hi > lo and buf[hi - 1] != 0 and trim[buf[hi - 1]]:
-        hi -= 1
-    size = hi - lo
-    for k in range(len(stop_len)):
-        if stop_len[k] != size:
-            continue
-        same = True
-        for q in range(size):
-            if buf[lo + q] != stop_words[k, q]:
-                same = False
-                break
-        if same:
-            return True
-    return False
+def _component_hash(h):
+    """The key of a component whose code points were folded into h (`_fold`)."""
+    return _fmix64(h ^ np.uint64(0x2545F4914F6CDD1D))
+
+
+@nb.njit(inline="always")
+def _fold(h, c):
+    return (h ^ np.uint64(c)) * _P
+
+
+@nb.njit(inline="always")
+def _letter_run(c, k, first_letter, last_letter, prev, run, best):
+    """The run of one repeated letter after character c of class k: (run, longest so far)."""
+    if first_letter <= k <= last_letter:
+        run = run + 1 if c == prev else 1
+        return run, max(run, best)
+    return 0, best
+
+
+@nb.njit(inline="always")
+def _ellipsis(c, dots):
+    """('.' in a row after character c, 1 if c completes an ellipsis: '...' or '…', non-overlapping)."""
+    if c == 0x2E:
+        if dots == 2:
+            return 0, 1
+        return dots + 1, 0
+    return 0, 1 if c == 0x2026 else 0
+
+
+@nb.njit(inline="always")
+def _core_char(b, is_trim, key, n, bad, trailing):
+    """A token's stop-word core after a character that lowercases to the ASCII b (0: to anything
+    else; `is_trim`: b is trimmed off a token's ends): (key of the core's ASCII from its first to its
+    last character not trimmed, its length, whether no stop word can match (a character not ASCII, or
+    a trimmed one inside), whether a trimmed character followed the core)."""
+    if b == 0:
+        return key, n, True, trailing
+    if is_trim:
+        return key, n, bad, trailing or n > 0
+    return (key << 8) | np.int64(b), n + 1, bad or trailing, trailing
+
+
+@nb.njit(inline="always")
+def _is_stop(key, n, bad, stop_keys):
+    """The core (`_core_char`) is one of `stop_keys` (a tuple: no array is reference-counted)."""
+    if bad or n == 0 or n > 8:
+        return 0
+    for k in stop_keys:
+        if k == key:
+            return 1
+    return 0
+
+
+@nb.njit(inline="always")
+def _is_zh(cls_n, first_letter, last_letter, cjk_classes, cjk_share):
+    letters = 0
+    for k in range(first_letter, last_letter + 1):
+        letters += cls_n[k]
+    cjk = 0
+    for k in cjk_classes:
+        cjk += cls_n[k]
+    return cjk / max(letters, 1) >= cjk_share
+
+
+@nb.njit(cache=True, nogil=True)
+def doc_scan(data: np.ndarray, offsets: np.ndarray, cls_table: np.ndarray, ts_table: np.ndarray,
+             n_classes: int, first_letter: int, last_letter: int, cjk_classes: np.ndarray, cjk_share: float,
+             flags: np.ndarray, lowmap: np.ndarray, trim: np.ndarray, stop_keys: np.ndarray,
+             lower: np.ndarray, cjk_drop: np.ndarray) -> tuple:
+    """Every per-character score input of a batch in one pass over the Arrow UTF-8 buffer (why one:
+    decoding and the table lookups were most of the scoring time when each score read the text itself).
+
+    Per document:
+    - `counts` (n x n_classes, the classes of `cls_table`): code points per class; `trad` / `simp`:
+      code points `ts_table` marks 1 / 2; `max_run`: the longest run of one repeated letter (classes
+      first_letter..last_letter);
+    - `zh`: the `cjk_classes` are at least `cjk_share` of the letters (as score_texts decides it);
+    - `text` (n x TEXT_COUNTS), the counts score_texts once took from Arrow kernels: 0 runs of word
+      characters (not WORD_SEP), 1 ZH_STOP characters, 2 '#', 3 ellipses ('...' or '…',
+      non-overlapping), 4 whether a MOJIBAKE_START character occurs, and over the tokens of Arrow's
+      utf8_split_whitespace (a run of WS characters separates; a run of two or more at the very end
+      also leaves one more empty token): 5 tokens, 6 their characters, 7 tokens holding a LETTER,
+      8 tokens that are a stop word once lowercased (`lowmap`: the ASCII a character lowercases to,
+      0 for anything else) and trimmed of `trim` characters at both ends (`stop_keys`: a tuple of
+      the stop words' `stop_key`s; a token's key is built as it is read, no token is copied);
+    - Gopher's components of the text lowercased (`lower`: the code point Arrow's utf8_lower gives):
+      for a zh document its characters that `cjk_drop` does not drop, otherwise its words (maximal
+      runs of characters that are neither WS nor PUNCT). `comp` holds each component's 64-bit key
+      (equal keys: equal components), `comp_len` its characters, `comp_count` the components per
+      document, flat in document order. Both kinds are gathered while reading (the document's kind
+      is known only at its end); a zh document's characters then replace its words."""
+    n = len(offsets) - 1
+    counts = np.zeros((n, n_classes), dtype=np.int64)
+    trad = np.zeros(n, dtype=np.int64)
+    simp = np.zeros(n, dtype=np.int64)
+    max_run = np.zeros(n, dtype=np.int64)
+    zh = np.zeros(n, dtype=np.bool_)
+    out = np.zeros((n, TEXT_COUNTS), dtype=np.int64)
+    longest = 0
+    for d in range(n):
+        longest = max(longest, offsets[d + 1] - offsets[d])
+    cap = max(offsets[n] - offsets[0], 1)  # a component holds at least one byte
+    comp = np.empty(cap, dtype=np.uint64)
+    comp_len = np.empty(cap, dtype=np.float64)
+    comp_count = np.zeros(n, dtype=np.int64)
+    chars = np.empty(longest + 1, dtype=np.uint64)  # the document's lowercased characters but cjk_drop's
+    cls_n = np.zeros(n_classes, dtype=np.int64)
+    gsep = np.uint8(WS | PUNCT)
+    w = 0
+    # Per character only scalars are updated and only helpers without array arguments are called:
+    # an array passed to even an inlined helper is reference-counted on every call, which tripled the
+    # time of this loop.
+    for d in range(n):
+        i, end = offsets[d], offsets[d + 1]
+        base = w
+        cls_n[:] = 0
+        n_chars = 0
+        n_trad, n_simp = 0, 0
+        prev, run, best = -1, 0, 0
+        in_word, word_runs, zh_stop, sharps, dots, ellipses, mojibake = False, 0, 0, 0, 0, 0, False
+        ws_run, tokens, tok_chars, alpha_tokens, stop_tokens = 0, 1, 0, 0, 0
+        tok_len, tok_alpha = 0, False  # the current token's characters, and whether one is a LETTER
+        key, key_n, key_bad, trailing = 0, 0, False, False  # its stop-word core (`_core_char`)
+        g_hash, g_len = _SEED, 0  # the current Gopher word
+        while i < end:
+            c, i = decode_utf8(data, i)
+            f = flags[c]
+            k = np.int64(cls_table[c])
+            cls_n[k] += 1
+            t = ts_table[c]
+            n_trad += t == 1
+            n_simp += t == 2
+            run, best = _letter_run(c, k, first_letter, last_letter, prev, run, best)
+            prev = c
+            if f & WORD_SEP:
+                in_word = False
+            elif not in_word:
+                in_word = True
+                word_runs += 1
+            zh_stop += (f & ZH_STOP) != 0
+            mojibake |= (f & MOJIBAKE_START) != 0
+            sharps += c == 0x23
+            dots, ellipsis = _ellipsis(c, dots)
+            ellipses += ellipsis
+            # Gopher: a word of lowercased characters, and the characters a zh document keeps
+            lc = lower[c]
+            if flags[lc] & gsep:
+                if g_len > 0:
+                    comp[w] = _component_hash(g_hash)
+                    comp_len[w] = g_len
+                    w += 1
+                    g_hash, g_len = _SEED, 0
+            else:
+                g_hash = _fold(g_hash, lc)
+                g_len += 1
+            if not cjk_drop[lc]:
+                chars[n_chars] = lc
+                n_chars += 1
+            # Arrow's whitespace tokens and their stop-word cores
+            if not f & WS:
+                ws_run = 0
+                tok_len += 1
+                tok_alpha |= (f & LETTER) != 0
+                b = lowmap[c]
+                key, key_n, key_bad, trailing = _core_char(b, trim[b], key, key_n, key_bad, trailing)
+                continue
+            if tok_len > 0:  # a token ends
+                tok_chars += tok_len
+                alpha_tokens += tok_alpha
+                stop_tokens += _is_stop(key, key_n, key_bad, stop_keys)
+                tok_len, tok_alpha = 0, False
+                key, key_n, key_bad, trailing = 0, 0, False, False
+            tokens += ws_run == 0
+            ws_run += 1
+        if g_len > 0:  # the end closes the last word
+            comp[w] = _component_hash(g_hash)
+            comp_len[w] = g_len
+            w += 1
+        if tok_len > 0:  # and the last token
+            tok_chars += tok_len
+            alpha_tokens += tok_alpha
+            stop_tokens += _is_stop(key, key_n, key_bad, stop_keys)
+        # a whitespace run reaching the end of two or more leaves one more empty token
+        tokens += ws_run >= 2
+        row = out[d]
+        row[0], row[1], row[2], row[3], row[4] = word_runs, zh_stop, sharps, ellipses, mojibake
+        row[5], row[6], row[7], row[8] = tokens, tok_chars, alpha_tokens, stop_tokens
+        counts[d] = cls_n
+        trad[d], simp[d], max_run[d] = n_trad, n_simp, best
+        zh[d] = _is_zh(cls_n, first_letter, last_letter, cjk_classes, cjk_share)
+        if zh[d]:  # its characters replace its words
+            for q in range(n_chars):
+                comp[base + q] = _component_hash(_fold(_SEED, chars[q]))
+                comp_len[base + q] = 1.0
+            w = base + n_chars
+        comp_count[d] = w - base
+    return counts, trad, simp, max_run, zh, out, comp[:w].copy(), comp_len[:w].copy(), comp_count
+
+
+def stop_key(word: str) -> int:
+    """A stop word (at most 8 ASCII letters) as the key `doc_scan` compares tokens with."""
+    key = 0
+    for b in word.encode("ascii"):
+        key = (key << 8) | b
+    return key
 
 
 @nb.njit(inline="always")
@@ -426,45 +538,6 @@ def line_scan(data: np.ndarray, offsets: np.ndarray, trim_ws: np.ndarray, strip_
                 break
             s = e + 1
     return per_doc, lo, hi, width, hashes
-
-
-@nb.njit(cache=True, nogil=True)
-def word_hashes(data: np.ndarray, offsets: np.ndarray, docs: np.ndarray, sep: np.ndarray) -> tuple:
-    """The words of documents `docs` (maximal runs of characters that are not `sep`: whitespace,
-    punctuation and symbols) as the xxh3-64 of their UTF-8 bytes, each word's length in characters,
-    and the word count per document: no word is made a string."""
-    total = 0
-    for d in docs:
-        total += offsets[d + 1] - offsets[d]
-    hashes = np.empty(total, dtype=np.uint64)
-    word_len = np.zeros(total, dtype=np.int64)
-    counts = np.zeros(len(docs), dtype=np.int64)
-    w = 0
-    for j in range(len(docs)):
-        d = docs[j]
-        i, end = offsets[d], offsets[d + 1]
-        start = -1
-        length = 0
-        while i < end:
-            here = i
-            c, i = decode_utf8(data, i)
-            if sep[c]:
-                if start >= 0:
-                    hashes[w] = xxh3_64(data, start, here)
-                    word_len[w] = length
-                    w += 1
-                    start = -1
-                continue
-            if start < 0:
-                start = here
-                length = 0
-                counts[j] += 1
-            length += 1
-        if start >= 0:
-            hashes[w] = xxh3_64(data, start, end)
-            word_len[w] = length
-            w += 1
-    return hashes[:w], word_len[:w], counts
 
 
 @nb.njit(cache=True, nogil=True)

@@ -204,7 +204,7 @@ def test_compiled_text_counts_equal_the_arrow_kernels():
     alphabet = list("ab THE.,()#…\t\n\u3000\u00a0\u200b的了國K") + ["\u212a", "\u0130", "...", "the", "(With)", "Ã©", "é"]
     texts = pa.array(["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(3000)]
                      + ["", "   ", "a  ", "  a", "THE", "\"the\"", "....... …"])
-    got = quality._text_counts(texts)
+    got = quality._scan(texts, 0.3).text
     words = pc.utf8_split_whitespace(texts)
     w_flat = pc.list_flatten(words)
     w_doc = np.repeat(np.arange(len(texts)), pc.list_value_length(words).to_numpy(zero_copy_only=False))
@@ -227,6 +227,53 @@ def test_compiled_text_counts_equal_the_arrow_kernels():
         bad = np.flatnonzero(got[:, col] != ref)
         assert not len(bad), (col, [texts[int(i)].as_py() for i in bad[:3]], got[bad[:3], col], ref[bad[:3]])
     assert got[:, 8].sum() > 100 and got[:, 5].max() > 3  # the sample exercises stop words and empty tokens
+
+
+def test_gopher_components_of_the_one_pass_scan_are_the_lowercased_words_or_cjk_characters():
+    """Gopher's components from the fused scan, against Arrow's utf8_lower and a split of each document
+    on Python's view of whitespace, punctuation and symbols: per document the same count, the same
+    lengths in characters, and equal keys exactly where the components are equal strings (across
+    documents too). A zh document (CJK at least cjk_share of its letters) is cut into its characters
+    but whitespace, punctuation and symbols."""
+    import random
+    import unicodedata
+
+    from corpusmill.stages import quality
+
+    rng = random.Random(11)
+    alphabet = list("ab AB the.,()#…\t\n\u3000的了國K、。！ÉéİΣσς") + ["\u212a", "Ǆ", "ǅ", "ß", "ﬁ", "-", "'s"]
+    texts = [("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))) for _ in range(2000)]
+    texts += ["", "  ", "今天天气很好，the", "THE The the", "Straße STRASSE", "中文 中文 english"]
+    scan = quality._scan(pa.array(texts), 0.3)
+    lowered = pc.utf8_lower(pa.array(texts)).to_pylist()
+
+    def separator(ch: str) -> bool:
+        return ch.isspace() or unicodedata.category(ch)[0] in "PSZ"
+
+    want: list[str] = []
+    counts = []
+    for d, text in enumerate(lowered):
+        if scan.zh[d]:
+            comps = [ch for ch in text if not separator(ch)]
+        else:
+            comps, word = [], ""
+            for ch in text + " ":
+                if separator(ch):
+                    if word:
+                        comps.append(word)
+                    word = ""
+                else:
+                    word += ch
+        want += comps
+        counts.append(len(comps))
+    assert scan.comp_count.tolist() == counts
+    assert scan.comp_len.tolist() == [float(len(w)) for w in want]
+    first: dict[str, int] = {}
+    same_word = np.array([first.setdefault(w, i) for i, w in enumerate(want)])
+    _, same_key = np.unique(scan.comp, return_index=True)
+    key_first = same_key[np.unique(scan.comp, return_inverse=True)[1]]
+    assert (key_first == same_word).all()
+    assert scan.zh.sum() > 100 and (~scan.zh).sum() > 100 and len(set(want)) > 500
 
 
 def test_normalize_takes_a_part_of_several_row_groups():
