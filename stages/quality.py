@@ -118,7 +118,16 @@ def _scan(texts: pa.Array, cjk_share: float) -> DocScan:
     return DocScan(*quality_loops.doc_scan(
         data, offsets, cls_table, ts_table, N_CLASSES, C_HAN, C_OTHER_LETTER,
         np.array([C_HAN, C_KANA, C_HANGUL], dtype=np.int64), float(cjk_share), flags, low, trim, stop_keys,
-        lower, _drop_table(True)))
+        lower, _drop_table(True), *_mojibake_table()))
+
+
+def _mojibake_table() -> tuple[np.ndarray, np.ndarray]:
+    """MOJIBAKE as rows of UTF-8 bytes (padded) and their lengths, for doc_scan."""
+    encoded = [m.encode() for m in MOJIBAKE]
+    table = np.zeros((len(encoded), max(map(len, encoded))), dtype=np.uint8)
+    for k, b in enumerate(encoded):
+        table[k, :len(b)] = np.frombuffer(b, np.uint8)
+    return table, np.array([len(b) for b in encoded], dtype=np.int64)
 
 
 def _char_scores(scan: DocScan) -> dict[str, np.ndarray]:
@@ -190,17 +199,19 @@ def _segment_stats(texts: pa.Array, paragraphs: bool, cjk_doc: np.ndarray, short
         out["terminal_paras"] = c[:, 6]
         return out
     out.update(bullet_lines=c[:, 4], ellipsis_lines=c[:, 5], terminal_lines=c[:, 6], short_lines=c[:, 7])
-    # unanchored and never spanning a newline: a line can only match in a document that matches, so
-    # the lines of the (few) matching documents are the only ones searched
+    # unanchored, never spanning a newline, starting and ending with no whitespace: a line can only
+    # match in a document that matches, and matches with or without the whitespace (and "\n") at its
+    # ends. So only the (few) matching documents are searched, line by line, as a string array of
+    # lines over their own bytes.
     boilerplate = np.zeros(n, dtype=np.int64)
     doc_hit = np.flatnonzero(pc.fill_null(pc.match_substring_regex(texts, BOILERPLATE_LINE), False)
                              .to_numpy(zero_copy_only=False))
     if len(doc_hit):
-        lists = pc.split_pattern(texts.take(pa.array(doc_hit)), "\n")
-        flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
-        seg_doc = np.repeat(doc_hit, np.diff(lists.offsets.to_numpy() - lists.offsets.to_numpy()[0]))
-        hit = pc.match_substring_regex(flat, BOILERPLATE_LINE).to_numpy(zero_copy_only=False)
-        boilerplate = np.bincount(seg_doc[hit], minlength=n)
+        sub = texts.take(pa.array(doc_hit))
+        bounds, per_doc = quality_loops.line_bounds(*utf8_buffers(sub))
+        lines = pa.StringArray.from_buffers(len(bounds) - 1, pa.py_buffer(bounds), sub.buffers()[2])
+        hit = pc.match_substring_regex(lines, BOILERPLATE_LINE).to_numpy(zero_copy_only=False)
+        boilerplate[doc_hit] = np.bincount(np.repeat(np.arange(len(doc_hit)), per_doc)[hit], minlength=len(doc_hit))
     out["boilerplate_lines"] = boilerplate
     return out
 
@@ -277,7 +288,6 @@ def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 
     """Every score of every document (one row per document, in order)."""
     texts = one_array(texts)
     texts = texts.cast(pa.string())
-    n = len(texts)
     scan = _scan(texts, cjk_share)  # classes, words, stop words, symbols, Gopher components: one compiled pass
     s = _char_scores(scan)
     zh = scan.zh
@@ -287,11 +297,7 @@ def score_texts(texts: pa.Array, cjk_share: float = 0.3, cjk_ngram_scale: int = 
     latin_words, zh_stop, symbols = tc[:, 0], tc[:, 1], tc[:, 2] + tc[:, 3]
     ws_words, ws_word_chars, alpha_words, en_stop = tc[:, 5], tc[:, 6], tc[:, 7], tc[:, 8]
     lorem = pc.match_substring(texts, "lorem ipsum", ignore_case=True).to_numpy(zero_copy_only=False)
-    mojibake = np.zeros(n, dtype=np.int64)
-    suspect = np.flatnonzero(tc[:, 4])  # texts holding the first character of a mojibake string
-    if len(suspect):
-        sub = texts.take(pa.array(suspect))
-        mojibake[suspect] = sum(pc.count_substring(sub, m).to_numpy(zero_copy_only=False).astype(np.int64) for m in MOJIBAKE)
+    mojibake = tc[:, 4]
     words = latin_words + s["cjk_chars"]
     line_n = np.maximum(lines["segments"], 1)
     df = pd.DataFrame({

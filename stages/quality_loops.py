@@ -312,6 +312,26 @@ def _is_stop(key, n, bad, stop_keys):
 
 
 @nb.njit(inline="always")
+def _mojibake_at(data, i, end, strings, lengths, next_free):
+    """How many of the mojibake `strings` start at byte i and may count there (Arrow's count_substring
+    counts an occurrence only after the previous one of the same string ended: `next_free`)."""
+    found = 0
+    for s in range(len(lengths)):
+        m = lengths[s]
+        if i < next_free[s] or i + m > end:
+            continue
+        same = True
+        for q in range(m):
+            if data[i + q] != strings[s, q]:
+                same = False
+                break
+        if same:
+            found += 1
+            next_free[s] = i + m
+    return found
+
+
+@nb.njit(inline="always")
 def _is_zh(cls_n, first_letter, last_letter, cjk_classes, cjk_share):
     letters = 0
     for k in range(first_letter, last_letter + 1):
@@ -325,8 +345,8 @@ def _is_zh(cls_n, first_letter, last_letter, cjk_classes, cjk_share):
 @nb.njit(cache=True, nogil=True)
 def doc_scan(data: np.ndarray, offsets: np.ndarray, cls_table: np.ndarray, ts_table: np.ndarray,
              n_classes: int, first_letter: int, last_letter: int, cjk_classes: np.ndarray, cjk_share: float,
-             flags: np.ndarray, lowmap: np.ndarray, trim: np.ndarray, stop_keys: np.ndarray,
-             lower: np.ndarray, cjk_drop: np.ndarray) -> tuple:
+             flags: np.ndarray, lowmap: np.ndarray, trim: np.ndarray, stop_keys: tuple,
+             lower: np.ndarray, cjk_drop: np.ndarray, mojibake: np.ndarray, mojibake_len: np.ndarray) -> tuple:
     """Every per-character score input of a batch in one pass over the Arrow UTF-8 buffer (why one:
     decoding and the table lookups were most of the scoring time when each score read the text itself).
 
@@ -337,7 +357,9 @@ def doc_scan(data: np.ndarray, offsets: np.ndarray, cls_table: np.ndarray, ts_ta
     - `zh`: the `cjk_classes` are at least `cjk_share` of the letters (as score_texts decides it);
     - `text` (n x TEXT_COUNTS), the counts score_texts once took from Arrow kernels: 0 runs of word
       characters (not WORD_SEP), 1 ZH_STOP characters, 2 '#', 3 ellipses ('...' or '…',
-      non-overlapping), 4 whether a MOJIBAKE_START character occurs, and over the tokens of Arrow's
+      non-overlapping), 4 occurrences of the `mojibake` strings (rows of UTF-8, `mojibake_len` bytes
+      each; each counted as Arrow's count_substring counts it, non-overlapping, and summed; one can
+      only start at a MOJIBAKE_START character), and over the tokens of Arrow's
       utf8_split_whitespace (a run of WS characters separates; a run of two or more at the very end
       also leaves one more empty token): 5 tokens, 6 their characters, 7 tokens holding a LETTER,
       8 tokens that are a stop word once lowercased (`lowmap`: the ASCII a character lowercases to,
@@ -365,6 +387,7 @@ def doc_scan(data: np.ndarray, offsets: np.ndarray, cls_table: np.ndarray, ts_ta
     comp_count = np.zeros(n, dtype=np.int64)
     chars = np.empty(longest + 1, dtype=np.uint64)  # the document's lowercased characters but cjk_drop's
     cls_n = np.zeros(n_classes, dtype=np.int64)
+    next_free = np.zeros(len(mojibake_len), dtype=np.int64)  # where each string may next match
     gsep = np.uint8(WS | PUNCT)
     w = 0
     # Per character only scalars are updated and only helpers without array arguments are called:
@@ -377,12 +400,14 @@ def doc_scan(data: np.ndarray, offsets: np.ndarray, cls_table: np.ndarray, ts_ta
         n_chars = 0
         n_trad, n_simp = 0, 0
         prev, run, best = -1, 0, 0
-        in_word, word_runs, zh_stop, sharps, dots, ellipses, mojibake = False, 0, 0, 0, 0, 0, False
+        in_word, word_runs, zh_stop, sharps, dots, ellipses, garbled = False, 0, 0, 0, 0, 0, 0
+        next_free[:] = 0
         ws_run, tokens, tok_chars, alpha_tokens, stop_tokens = 0, 1, 0, 0, 0
         tok_len, tok_alpha = 0, False  # the current token's characters, and whether one is a LETTER
         key, key_n, key_bad, trailing = 0, 0, False, False  # its stop-word core (`_core_char`)
         g_hash, g_len = _SEED, 0  # the current Gopher word
         while i < end:
+            here = i
             c, i = decode_utf8(data, i)
             f = flags[c]
             k = np.int64(cls_table[c])
@@ -398,7 +423,8 @@ def doc_scan(data: np.ndarray, offsets: np.ndarray, cls_table: np.ndarray, ts_ta
                 in_word = True
                 word_runs += 1
             zh_stop += (f & ZH_STOP) != 0
-            mojibake |= (f & MOJIBAKE_START) != 0
+            if f & MOJIBAKE_START:
+                garbled += _mojibake_at(data, here, end, mojibake, mojibake_len, next_free)
             sharps += c == 0x23
             dots, ellipsis = _ellipsis(c, dots)
             ellipses += ellipsis
@@ -443,7 +469,7 @@ def doc_scan(data: np.ndarray, offsets: np.ndarray, cls_table: np.ndarray, ts_ta
         # a whitespace run reaching the end of two or more leaves one more empty token
         tokens += ws_run >= 2
         row = out[d]
-        row[0], row[1], row[2], row[3], row[4] = word_runs, zh_stop, sharps, ellipses, mojibake
+        row[0], row[1], row[2], row[3], row[4] = word_runs, zh_stop, sharps, ellipses, garbled
         row[5], row[6], row[7], row[8] = tokens, tok_chars, alpha_tokens, stop_tokens
         counts[d] = cls_n
         trad[d], simp[d], max_run[d] = n_trad, n_simp, best
@@ -538,6 +564,29 @@ def line_scan(data: np.ndarray, offsets: np.ndarray, trim_ws: np.ndarray, strip_
                 break
             s = e + 1
     return per_doc, lo, hi, width, hashes
+
+
+@nb.njit(cache=True, nogil=True)
+def line_bounds(data: np.ndarray, offsets: np.ndarray) -> tuple:
+    """The lines of every document as offsets into the same UTF-8 buffer (int32, for a zero-copy
+    Arrow string array of lines: each line keeps its "\\n"; a document of k newlines has k + 1 lines,
+    as Arrow's split_pattern gives), and the lines per document."""
+    n = len(offsets) - 1
+    per_doc = np.ones(n, dtype=np.int64)
+    for d in range(n):
+        for i in range(offsets[d], offsets[d + 1]):
+            per_doc[d] += data[i] == 10
+    bounds = np.empty(per_doc.sum() + 1, dtype=np.int32)
+    k = 0
+    for d in range(n):
+        bounds[k] = offsets[d]
+        k += 1
+        for i in range(offsets[d], offsets[d + 1]):
+            if data[i] == 10:
+                bounds[k] = i + 1
+                k += 1
+    bounds[k] = offsets[n]
+    return bounds, per_doc
 
 
 @nb.njit(cache=True, nogil=True)

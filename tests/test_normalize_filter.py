@@ -195,14 +195,16 @@ def test_line_counts_per_source(tmp_path):
 def test_compiled_text_counts_equal_the_arrow_kernels():
     """The one-pass loop counts what the Arrow/RE2 kernels the scores were defined with count: words
     of utf8_split_whitespace (its empty tokens at a leading or trailing run included), letters, stop
-    words after utf8_lower and trimming, word runs, function characters, '#' and ellipses."""
+    words after utf8_lower and trimming, word runs, function characters, '#', ellipses and mojibake
+    strings."""
     import random
 
     from corpusmill.stages import quality
 
     rng = random.Random(7)
-    alphabet = list("ab THE.,()#…\t\n\u3000\u00a0\u200b的了國K") + ["\u212a", "\u0130", "...", "the", "(With)", "Ã©", "é"]
-    texts = pa.array(["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(3000)]
+    alphabet = list("ab THE.,()#…\t\n\u3000\u00a0\u200b的了國KÂ烫") + ["\u212a", "\u0130", "...", "the", "(With)", "Ã©", "é",
+                                                                         "烫烫", "â€", "™", "Ã"]
+    texts = pa.array(["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(5000)]
                      + ["", "   ", "a  ", "  a", "THE", "\"the\"", "....... …"])
     got = quality._scan(texts, 0.3).text
     words = pc.utf8_split_whitespace(texts)
@@ -217,6 +219,7 @@ def test_compiled_text_counts_equal_the_arrow_kernels():
         1: pc.count_substring_regex(texts, f"[{quality.ZH_STOP_CHARS}]"),
         2: pc.count_substring(texts, "#"),
         3: pc.count_substring_regex(texts, r"\.\.\.|…"),
+        4: sum(pc.count_substring(texts, m).to_numpy(zero_copy_only=False) for m in quality.MOJIBAKE),
         5: np.bincount(w_doc, minlength=n),
         6: np.bincount(w_doc, weights=pc.utf8_length(w_flat).to_numpy(zero_copy_only=False), minlength=n),
         7: np.bincount(w_doc[has_alpha], minlength=n),
@@ -226,7 +229,8 @@ def test_compiled_text_counts_equal_the_arrow_kernels():
         ref = np.asarray(ref.to_numpy(zero_copy_only=False) if hasattr(ref, "to_numpy") else ref, dtype=np.int64)
         bad = np.flatnonzero(got[:, col] != ref)
         assert not len(bad), (col, [texts[int(i)].as_py() for i in bad[:3]], got[bad[:3], col], ref[bad[:3]])
-    assert got[:, 8].sum() > 100 and got[:, 5].max() > 3  # the sample exercises stop words and empty tokens
+    # the sample exercises stop words, empty tokens and mojibake strings overlapping one another
+    assert got[:, 8].sum() > 100 and got[:, 5].max() > 3 and got[:, 4].max() > 2
 
 
 def test_gopher_components_of_the_one_pass_scan_are_the_lowercased_words_or_cjk_characters():
