@@ -192,8 +192,8 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
     while cap < 2 * longest:
         cap *= 2
     keys = np.zeros(cap, dtype=np.uint64)
-    cnt = np.zeros(cap, dtype=np.int64)
-    stamp = np.full(cap, -1, dtype=np.int64)
+    cnt = np.zeros(cap, dtype=np.int32)  # 16 bytes a slot with the key: a long document's table stays in cache longer
+    stamp = np.full(cap, -1, dtype=np.int32)
     cand = np.empty(longest, dtype=np.int64)
     hv = np.empty(longest, dtype=np.uint64)
     slot_of = np.empty(longest, dtype=np.int64)
@@ -230,6 +230,9 @@ def ngram_repetition(comp: np.ndarray, starts: np.ndarray, comp_len: np.ndarray,
             n_cand = k
             if n_cand == 0:
                 break
+            if generation == 2**31 - 2:  # int32 stamps run out: every slot free again
+                stamp[:] = -1
+                generation = 0
             generation += 1
             _count_windows(comp, lo, cand, n_cand, prev_w, w, hv, keys, cnt, stamp, generation, slot_of, later, mask)
             prev_w = w
