@@ -5,10 +5,12 @@ the input's file sizes and the config before any work starts.
 one worker does not fit that worker's memory limit is refused before the cluster does any work,
 naming the setting to change (`input.part_size_mb`, `cluster.n_workers` / `cluster.memory_limit`,
 `cluster.threads_per_worker`, `dedup.components_memory_mb`). The factors were measured (peak RSS of
-every process, sampled per step, at 4 and 16 MB partitions on the 78 MB real subset: bench/README.md,
-"Resource plan"); they are upper bounds of what was seen, not averages. A worker's RSS does not fall
-back between steps (the allocator keeps what it freed), so a step's fixed part includes what the
-steps before it left.
+every process, sampled per step, at 4 and 16 MB partitions on the 78 MB real subset, and at 32 MB
+partitions on 0.1 to 5 GB on both engines: bench/README.md, "Resource plan" and "Flat memory");
+they are upper bounds of what was seen, not averages. A worker's RSS does not fall back between
+steps (the allocator keeps what it freed), so a step's fixed part includes what the steps before it
+left, and the shard step, whose MindSpore cannot reuse that freed heap, comes on top of the largest
+of them.
 """
 from __future__ import annotations
 
@@ -20,13 +22,18 @@ from typing import Any, Optional
 MiB, GiB = 2**20, 2**30
 
 WORKER_BASE = 230 * MiB  # a worker process after reading: Python, pandas, pyarrow, dask, distributed
-MINDSPORE_BASE = 600 * MiB  # what MindSpore's import and its MindRecord writer and reader add in a shard worker
+# what MindSpore's import and its MindRecord writer add in a shard worker on top of what the earlier
+# steps left: +170 to +340 MB measured at 0.1-5 GB (bench/README.md, "Flat memory, fourth pass")
+SHARD_ON_TOP = 360 * MiB
 # bytes in a worker per byte of the partition's text (Arrow text, pandas copies, scores, outputs)
 DOCUMENT_STEP_FACTOR = 6.0  # read, normalize, filter
 SIGNATURE_FACTOR = 6.0  # near-dup shingling + signatures of one partition
 TOKENIZE_FACTOR = 8.0  # a 2 MB slice: text, ids, offsets, the Arrow output
 # what a step holds besides its partition, the same at 4 and 16 MB partitions (bench/README.md)
-FILTER_FIXED = 540 * MiB  # the scoring tables, the broadcast boilerplate line hashes, the line-count groupby
+# the scoring tables, the broadcast boilerplate line hashes, the line-count groupby; and the heap a
+# worker keeps growing over its tasks (cause not found): 540 MiB covered 8 partitions per worker,
+# 85 (5 GB at 32 MB partitions, two workers) peaked at 1,212 MB in all
+FILTER_FIXED = 800 * MiB
 SIGNATURE_FIXED = 420 * MiB  # permutations, compiled shingling, the candidate and verification frames
 TOKENIZE_FIXED = 240 * MiB  # the tokenizer library and model, and what the dedup steps left in the worker
 DRIVER_BASE = 490 * MiB  # the driver: the CLI, the Dask client, a LocalCluster's scheduler and nanny threads
@@ -121,8 +128,10 @@ def plan_resources(cfg: Any, input_bytes: int, *, workers: Optional[int] = None,
     peaks.append(Peak("pack", WORKER_BASE + threads * group * PACK_BYTES_PER_GROUP_ID, "cluster.threads_per_worker"))
     windows = tokens // (cfg.pack.seq_length + 1) + 1
     held = min(SHARD_CHUNK_BYTES, 4 * tokens // files)  # a file is gathered and written a chunk at a time
-    peaks.append(Peak("shard", WORKER_BASE + MINDSPORE_BASE + threads * (SHARD_BYTES_PER_ID_HELD * held + 16 * windows),
-                      "cluster.threads_per_worker"))
+    carried = max(peaks, key=lambda p: p.bytes)  # what the earlier steps left in the worker's heap
+    peaks.append(Peak("shard", carried.bytes + SHARD_ON_TOP + threads * (SHARD_BYTES_PER_ID_HELD * held + 16 * windows),
+                      f"{carried.setting.split(' (')[0]} (it sets what the {carried.step} step leaves in the worker) "
+                      "or cluster.threads_per_worker"))
     docs = max(1, text // TEXT_BYTES_PER_DOC)
     if cfg.pack.shuffle_documents and (cfg.pack.mode != "concat" or cfg.mix.sources):
         # pad, best_fit and a mixture order the whole corpus in the driver; concat is range-partitioned

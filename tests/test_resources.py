@@ -53,8 +53,8 @@ def test_doctor_and_run_refuse_before_any_work(tmp_path):
     checks = check_memory(parse_config(cfg), available=64 * GiB)
     assert checks[0].status == ERROR and "input.part_size_mb" in checks[0].fix
     assert "partitions of 2,048 MiB" in checks[0].detail
-    ok = check_memory(parse_config({**cfg, "input": {"paths": [str(big)], "part_size_mb": 64}}), available=64 * GiB)
-    assert ok[0].status == OK and "about 96 partitions of 64 MiB" in ok[0].detail
+    ok = check_memory(parse_config({**cfg, "input": {"paths": [str(big)], "part_size_mb": 16}}), available=64 * GiB)
+    assert ok[0].status == OK and "about 384 partitions of 16 MiB" in ok[0].detail
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     proc = subprocess.run([sys.executable, "-m", "corpusmill.pipeline.cli", "run", str(tmp_path / "c.yaml"),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
@@ -74,6 +74,23 @@ def test_no_worker_peak_grows_with_the_corpus_past_one_partition():
         assert a.step == b.step and b.bytes <= 1.2 * a.bytes, (a, b)
     assert ten.fits()
 
+
+
+def test_the_shard_step_comes_on_top_of_what_the_earlier_steps_left_and_names_their_setting():
+    """A worker's heap does not shrink between steps and MindSpore cannot reuse it: larger partitions
+    raise the shard step's peak through the document steps, and a refusal there names part_size_mb."""
+    def plan(part_mb: int):
+        cfg = parse_config({"input": {"part_size_mb": part_mb}, "cluster": {"address": "tcp://x:1"}})
+        return plan_resources(cfg, 5 * GiB, workers=2, worker_limit=3 * GiB)
+
+    small, large = plan(32), plan(256)
+    peak = [{p.step: p for p in x.peaks} for x in (small, large)]
+    for p in peak:
+        assert p["shard"].bytes > max(v.bytes for k, v in p.items() if k != "shard")
+    assert peak[1]["shard"].bytes - peak[0]["shard"].bytes == (peak[1]["read/normalize/filter"].bytes
+                                                               - peak[0]["read/normalize/filter"].bytes)
+    assert small.fits() and not large.fits()
+    assert "the shard step" in large.refusal() and "input.part_size_mb" in large.refusal()
 
 
 def test_the_driver_plans_no_corpus_sized_pack_order_for_concat():
