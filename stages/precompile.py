@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-SAMPLE = ["Line one of a page.\nLine two, longer...\n\n- a bullet\n1. item\nThe end.",
+SAMPLE = ["Line one of a page.\nLine two, longer...\n\n- a bullet\n1. item\nWe use cookies.\nThe end.",
           "中文的文本，這是一個句子。\n第二行。。。\n\n第二段。", "mixed 文本 text\n\n\nword word word", ""]
 
 
@@ -29,7 +29,7 @@ def precompile() -> float:
 
     started = time.perf_counter()
     texts = pa.array(SAMPLE, pa.string())
-    quality.score_texts(texts)  # character classes, segments, text counts, words, n-gram repetition, CJK shingles
+    quality.score_texts(texts)  # the one pass per character, segments, boilerplate-phrase lines, n-gram repetition
     lines = boilerplate._split_lines(texts)
     boilerplate.strip_lines_array(texts, np.array(["s"] * len(SAMPLE), dtype=object), {"s": {int(lines.hashes[0])}}, {})
     exact_dedup.hash_texts(exact_dedup.fold_whitespace(texts))
