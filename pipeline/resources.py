@@ -129,9 +129,12 @@ def plan_resources(cfg: Any, input_bytes: int, *, workers: Optional[int] = None,
     windows = tokens // (cfg.pack.seq_length + 1) + 1
     held = min(SHARD_CHUNK_BYTES, 4 * tokens // files)  # a file is gathered and written a chunk at a time
     carried = max(peaks, key=lambda p: p.bytes)  # what the earlier steps left in the worker's heap
+    lever = carried.setting.split(" (")[0]
+    setting = f"{lever} (it sets what the {carried.step} step leaves in the worker)"
+    if lever != "cluster.threads_per_worker":
+        setting += " or cluster.threads_per_worker"
     peaks.append(Peak("shard", carried.bytes + SHARD_ON_TOP + threads * (SHARD_BYTES_PER_ID_HELD * held + 16 * windows),
-                      f"{carried.setting.split(' (')[0]} (it sets what the {carried.step} step leaves in the worker) "
-                      "or cluster.threads_per_worker"))
+                      setting))
     docs = max(1, text // TEXT_BYTES_PER_DOC)
     if cfg.pack.shuffle_documents and (cfg.pack.mode != "concat" or cfg.mix.sources):
         # pad, best_fit and a mixture order the whole corpus in the driver; concat is range-partitioned
