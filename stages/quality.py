@@ -19,6 +19,7 @@ its n-gram sizes are scaled (a Chinese word is about two characters).
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -111,23 +112,26 @@ class DocScan(NamedTuple):
 def _scan(texts: pa.Array, cjk_share: float) -> DocScan:
     cls_table, ts_table = _class_tables()
     flags, low, lower = _text_tables()
-    trim = np.zeros(128, dtype=np.bool_)
-    trim[[ord(c) for c in STOP_TRIM]] = True
-    stop_keys = tuple(quality_loops.stop_key(w) for w in EN_STOP_WORDS)
     data, offsets = utf8_buffers(texts)
+    trim, stop_keys, mojibake, mojibake_len = _scan_constants()
     return DocScan(*quality_loops.doc_scan(
         data, offsets, cls_table, ts_table, N_CLASSES, C_HAN, C_OTHER_LETTER,
         np.array([C_HAN, C_KANA, C_HANGUL], dtype=np.int64), float(cjk_share), flags, low, trim, stop_keys,
-        lower, _drop_table(True), *_mojibake_table()))
+        lower, _drop_table(True), mojibake, mojibake_len))
 
 
-def _mojibake_table() -> tuple[np.ndarray, np.ndarray]:
-    """MOJIBAKE as rows of UTF-8 bytes (padded) and their lengths, for doc_scan."""
+@functools.cache
+def _scan_constants() -> tuple[np.ndarray, tuple, np.ndarray, np.ndarray]:
+    """doc_scan's forms of STOP_TRIM (a table of ASCII), EN_STOP_WORDS (their `stop_key`s) and MOJIBAKE
+    (rows of UTF-8 bytes, padded, and their lengths): built once per process, not per chunk."""
+    trim = np.zeros(128, dtype=np.bool_)
+    trim[[ord(c) for c in STOP_TRIM]] = True
+    stop_keys = tuple(quality_loops.stop_key(w) for w in EN_STOP_WORDS)
     encoded = [m.encode() for m in MOJIBAKE]
     table = np.zeros((len(encoded), max(map(len, encoded))), dtype=np.uint8)
     for k, b in enumerate(encoded):
         table[k, :len(b)] = np.frombuffer(b, np.uint8)
-    return table, np.array([len(b) for b in encoded], dtype=np.int64)
+    return trim, stop_keys, table, np.array([len(b) for b in encoded], dtype=np.int64)
 
 
 def _char_scores(scan: DocScan) -> dict[str, np.ndarray]:

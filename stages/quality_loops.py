@@ -305,7 +305,7 @@ def _core_char(b, is_trim, key, n, bad, trailing):
 
 @nb.njit(inline="always")
 def _is_stop(key, n, bad, stop_keys):
-    """The core (`_core_char`) is one of `stop_keys` (a tuple: no array is reference-counted)."""
+    """The core (`_core_char`) is one of `stop_keys` (a tuple of `stop_key`s)."""
     if bad or n == 0 or n > 8:
         return 0
     for k in stop_keys:
