@@ -174,11 +174,12 @@ class SentencePieceTokenizer(Tokenizer):
         self.vocab_size = self.sp.GetPieceSize()
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
-        return [np.asarray(x, dtype=np.int32) for x in self.sp.encode(texts, return_type="numpy")]
+        return [np.asarray(x, dtype=np.int32) for x in self.sp.encode(texts, return_type="numpy", num_threads=1)]
 
     def encode_flat(self, texts: list[str], bos_id: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
         if bos_id in (-1, self.sp.bos_id()) and eos_id in (-1, self.sp.eos_id()):  # the model's own: native
-            encoded = self.sp.encode(texts, return_type="numpy", add_bos=bos_id >= 0, add_eos=eos_id >= 0)
+            encoded = self.sp.encode(texts, return_type="numpy", add_bos=bos_id >= 0, add_eos=eos_id >= 0,
+                                     num_threads=1)
             lengths = np.fromiter(map(len, encoded), dtype=np.int32, count=len(encoded))
             values = np.concatenate(encoded).astype(np.int32, copy=False) if encoded else np.empty(0, dtype=np.int32)
             return lengths, values
