@@ -6,6 +6,7 @@ and shows progress; the stage functions themselves never see Dask.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import os
 import sys
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
 import dask
+from dask.delayed import Delayed
 from distributed import Client, LocalCluster, as_completed
 
 Log = Callable[[str], None]
@@ -216,11 +218,44 @@ def follow(client: Client, futures: list, label: str, on_done: Optional[Callable
         progress.close()
 
 
+def release_memory() -> None:
+    """Give back to the OS what the finished task freed but this worker's allocators kept: Arrow's
+    pool (mimalloc keeps freed pages in the thread's own heap, so this runs in the task's thread) and
+    glibc's arenas (numpy, pandas). Kept memory made a worker's peak grow with the number of tasks it
+    had run, not with the size of one task: the same 21 filter tasks run four times in one process
+    kept 489-667 MB between tasks; released after each, 318-330 MB."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Optional[Callable[[int], int]]:
+    """glibc's malloc_trim, None where the C library has none (macOS, musl)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", None)
+    except OSError:
+        return None
+
+
+def _released(result: Any) -> Any:
+    """A task's result, passed on after `release_memory` in the worker that holds it."""
+    release_memory()
+    return result
+
+
 def run_tasks(client: Client, tasks: list, label: str) -> list:
-    """Compute delayed tasks on the cluster, in order, with a progress line."""
+    """Compute delayed tasks on the cluster, in order, with a progress line. Each task is followed
+    on its worker by `release_memory`, so the next task starts from a returned heap."""
     if not tasks:
         return []
-    futures = client.compute(tasks)
+    futures = client.compute([dask.delayed(_released)(t) if isinstance(t, Delayed) else t for t in tasks])
     index = {f.key: i for i, f in enumerate(futures)}
     results: list = [None] * len(futures)
 
