@@ -12,9 +12,9 @@ import html
 import io
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-MAX_SCORE_ROWS = 300_000  # documents drawn for the histograms (a seeded sample over all parts)
+MAX_SCORE_ROWS = 50_000  # documents drawn to place the histograms' bins (a seeded sample over all parts)
 STYLE = """
 body { font-family: -apple-system, "Segoe UI", "Noto Sans CJK SC", "PingFang SC", sans-serif; margin: 2em auto;
        max-width: 1200px; padding: 0 1em; color: #222; line-height: 1.45; }
@@ -88,7 +88,7 @@ def _read_scores(scores_dir: str, columns: list[str]) -> Optional[dict]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    paths = sorted(Path(scores_dir).glob("part-*.parquet"))
+    paths = _score_paths(scores_dir)
     if not paths:
         return None
     sizes = [pq.ParquetFile(p).metadata.num_rows for p in paths]
@@ -115,54 +115,100 @@ def _read_scores(scores_dir: str, columns: list[str]) -> Optional[dict]:
     return {c: v for c, v in out.items() if c in seen}
 
 
+def _score_paths(scores_dir: str) -> list[Path]:
+    return sorted(Path(scores_dir).glob("part-*.parquet"))
+
+
+def histogram_counts(scores_dir: str, bins: dict[str, Any], rules: dict[str, list[dict]]) -> dict:
+    """Exact histograms of every scored document, read one part at a time (the driver holds one
+    part's score columns, whatever the corpus): per column in `bins`, the counts of non-Chinese and
+    Chinese documents in those bins (values outside clipped to the end bins), and per rule of
+    `rules[column]` how many documents it applies to and how many of them fail it. A part without a
+    column (written before the score existed) counts none of its documents for it."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    out = {c: {"counts": np.zeros((2, len(b) - 1), np.int64), "applies": np.zeros(len(rules.get(c, [])), np.int64),
+               "fails": np.zeros(len(rules.get(c, [])), np.int64)} for c, b in bins.items()}
+    guards = {r["guard"][0] for rs in rules.values() for r in rs if r.get("guard")}
+    for path in _score_paths(scores_dir):
+        names = set(pq.read_schema(path).names)
+        table = pq.read_table(path, columns=[c for c in dict.fromkeys(["lang", *bins, *guards]) if c in names])
+        n = table.num_rows
+        zh = pc.fill_null(pc.equal(table.column("lang"), "zh"), False).to_numpy(zero_copy_only=False) \
+            if "lang" in names else np.zeros(n, bool)
+        for c, b in bins.items():
+            values = _as_floats(table, c, n)
+            finite = np.isfinite(values)
+            clipped = np.clip(values, b[0], b[-1])
+            for row, mask in enumerate((~zh, zh)):
+                out[c]["counts"][row] += np.histogram(clipped[mask & finite], bins=b)[0]
+            for k, r in enumerate(rules.get(c, [])):
+                applies = {"zh": zh, "non_zh": ~zh, "all": np.ones(n, bool)}[r["applies_to"]] & finite
+                if r.get("guard"):
+                    applies &= _as_floats(table, r["guard"][0], n) >= r["guard"][1]
+                fails = values < r["threshold"] if r["kind"] == "min" else values > r["threshold"]
+                out[c]["applies"][k] += int(applies.sum())
+                out[c]["fails"][k] += int((fails & applies).sum())
+    return out
+
+
+def _as_floats(table: Any, name: str, rows: int) -> Any:
+    """A score column as float64, all NaN when the part has no such column."""
+    import numpy as np
+
+    if name not in table.column_names:
+        return np.full(rows, np.nan)
+    return table.column(name).to_numpy(zero_copy_only=False).astype(float, copy=False)
+
+
 def score_plots(extra: dict) -> list[tuple[str, str]]:
-    """(caption, base64 PNG) per scored rule: histograms for Chinese and other documents, the
-    threshold as a red line, the share of scored documents on the failing side in the caption."""
+    """(caption, base64 PNG) per scored rule: histograms of every scored document, Chinese and
+    other, the threshold as a red line, the share of scored documents on the failing side in the
+    caption. A seeded sample (`_read_scores`) only places the bins (0.5-99.5 percentile, widened to
+    the thresholds); the counts are exact (`histogram_counts`), so the driver holds a part at a time
+    and not a sample that grew with the corpus up to MAX_SCORE_ROWS documents."""
     flt = extra.get("filter") or {}
     rules, scores_dir = flt.get("rules") or {}, flt.get("scores_dir")
     if not rules or not scores_dir or not Path(scores_dir).is_dir():
         return []  # before importing matplotlib: a second of the driver's CPU in a job without a filter (dedup)
+    import numpy as np
+
+    by_column: dict[str, list[dict]] = {}
+    for r in rules:
+        by_column.setdefault(r["column"], []).append(r)
+    sample = _read_scores(scores_dir, list(dict.fromkeys(["lang", *by_column])))
+    if sample is None or not len(sample["zh"]):
+        return []
+    bins = {}
+    for column, entries in by_column.items():
+        values = sample.get(column)
+        finite = np.isfinite(values) if values is not None else None
+        if finite is None or not finite.any():
+            continue
+        lo, hi = np.percentile(values[finite], [0.5, 99.5])
+        lo, hi = min(lo, *(r["threshold"] for r in entries)), max(hi, *(r["threshold"] for r in entries))
+        bins[column] = np.linspace(lo, hi if hi > lo else lo + 1, 50)
+    del sample
+    counted = histogram_counts(scores_dir, bins, {c: by_column[c] for c in bins})
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    by_column: dict[str, list[tuple[str, dict]]] = {}
-    for r in rules:
-        by_column.setdefault(r["column"], []).append((r["reason"], r))
-    guards = {r["guard"][0] for r in rules if r.get("guard")}
-    scores = _read_scores(scores_dir, list(dict.fromkeys(["lang", *by_column, *guards])))
-    if scores is None or not len(scores["zh"]):
-        return []
     plots = []
-    for column, entries in by_column.items():
-        if column not in scores:
-            continue
-        values, zh = scores[column], scores["zh"]
-        finite = np.isfinite(values)
-        if not finite.any():
-            continue
-        lo, hi = np.percentile(values[finite], [0.5, 99.5])
-        limits = [r["threshold"] for _, r in entries]
-        lo, hi = min(lo, *limits), max(hi, *limits)
-        if hi <= lo:
-            hi = lo + 1
-        bins = np.linspace(lo, hi, 50)
+    for column, b in bins.items():
+        found = counted[column]
         fig, ax = plt.subplots(figsize=(4.6, 2.9), dpi=110)
-        for mask, label, color in ((~zh, "en / other", "#1f77b4"), (zh, "zh", "#ff7f0e")):
-            v = values[mask & finite]
-            if len(v):
-                ax.hist(np.clip(v, lo, hi), bins=bins, histtype="step", linewidth=1.5, label=f"{label} ({len(v):,})", color=color)
+        for counts, label, color in zip(found["counts"], ("en / other", "zh"), ("#1f77b4", "#ff7f0e")):
+            if counts.sum():
+                ax.stairs(counts, b, linewidth=1.5, label=f"{label} ({int(counts.sum()):,})", color=color)
         parts = []
-        for name, r in entries:
+        for k, r in enumerate(by_column[column]):
             ax.axvline(r["threshold"], color="#d62728", linestyle="--", linewidth=1.2)
-            applies = {"zh": zh, "non_zh": ~zh, "all": np.ones_like(zh)}[r["applies_to"]] & finite
-            if r.get("guard"):
-                applies &= scores[r["guard"][0]] >= r["guard"][1]
-            fails = values < r["threshold"] if r["kind"] == "min" else values > r["threshold"]
-            share = (fails & applies).sum() / max(1, applies.sum())
-            parts.append(f"{name}: keeps {'≥' if r['kind'] == 'min' else '≤'} {r['threshold']:g} "
+            share = found["fails"][k] / max(1, found["applies"][k])
+            parts.append(f"{r['reason']}: keeps {'≥' if r['kind'] == 'min' else '≤'} {r['threshold']:g} "
                          f"({r['applies_to'].replace('_', '-')}); {share:.1%} fail")
         ax.set_yscale("log")
         ax.set_title(column, fontsize=10)
@@ -236,8 +282,8 @@ def render_html(markdown: str, extra: dict, title: Optional[str] = None, ledger:
     if plots:
         figures = "\n".join(f'<figure><img alt="{html.escape(c)}" src="data:image/png;base64,{b}" width="100%">'
                             f"<figcaption>{html.escape(c)}</figcaption></figure>" for c, b in plots)
-        section = ('<h2 id="score-distributions">Score distributions</h2><p>Every scored document (a seeded '
-                   f"sample of at most {MAX_SCORE_ROWS:,}), by language; the dashed red line is the threshold, the caption the share "
+        section = ('<h2 id="score-distributions">Score distributions</h2><p>Every scored document, by '
+                   "language (the bins placed from a seeded sample); the dashed red line is the threshold, the caption the share "
                    "that fails it (documents failing an earlier rule are counted here too). Change a threshold in "
                    "<code>filter:</code> and rerun with <code>--resume</code>: the scores are reused.</p>"
                    f'<div class="plots">{figures}</div>')

@@ -42,3 +42,55 @@ def test_the_sample_is_the_one_frame_sample_column_by_column(tmp_path, monkeypat
         for c in ("words", "dup_5gram", "mean_word_length"):
             assert np.array_equal(got[c], want[c].to_numpy(dtype=float), equal_nan=True), c
         assert "never_written" not in got
+
+
+def test_histograms_count_every_document_not_the_sample(tmp_path, monkeypatch):
+    """The sample only places the bins: the counts and the caption's fail share cover every row of
+    every part, so they match numpy over the concatenated scores whatever MAX_SCORE_ROWS is."""
+    rng = np.random.default_rng(3)
+    frames = []
+    for i, n in enumerate([900, 0, 1500, 700]):
+        frame = pd.DataFrame({"lang": rng.choice(["zh", "en", None], n),
+                              "words": rng.integers(0, 900, n).astype(float),
+                              "dup_5gram": np.where(rng.random(n) < 0.1, np.nan, rng.random(n))})
+        if i == 2:  # a part written before this score existed
+            frame = frame.drop(columns=["dup_5gram"])
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp_path / f"part-{i:05d}.parquet")
+        frames.append(frame)
+    every = pd.concat(frames, ignore_index=True)
+    rules = {"words": [{"reason": "few_words", "kind": "min", "threshold": 50.0, "applies_to": "non_zh", "guard": None}],
+             "dup_5gram": [{"reason": "dup_5gram", "kind": "max", "threshold": 0.6, "applies_to": "all",
+                            "guard": ["words", 100]}]}
+    bins = {"words": np.linspace(20, 800, 50), "dup_5gram": np.linspace(0, 1, 50)}
+    monkeypatch.setattr(report_html, "MAX_SCORE_ROWS", 300)
+    got = report_html.histogram_counts(str(tmp_path), bins, rules)
+    zh = (every["lang"] == "zh").to_numpy()
+    for column, b in bins.items():
+        values = every[column].to_numpy(dtype=float)
+        finite = np.isfinite(values)
+        for row, mask in enumerate((~zh, zh)):
+            want = np.histogram(np.clip(values[mask & finite], b[0], b[-1]), bins=b)[0]
+            assert np.array_equal(got[column]["counts"][row], want), column
+    assert got["words"]["counts"].sum() == len(every)  # every document, not 300
+    applies = ~zh
+    assert got["words"]["applies"][0] == applies.sum()
+    assert got["words"]["fails"][0] == (applies & (every["words"] < 50)).sum()
+    guarded = np.isfinite(every["dup_5gram"]) & (every["words"] >= 100)
+    assert got["dup_5gram"]["applies"][0] == guarded.sum()
+    assert got["dup_5gram"]["fails"][0] == (guarded & (every["dup_5gram"] > 0.6)).sum()
+
+
+def test_score_plots_draw_one_figure_per_scored_column(tmp_path, monkeypatch):
+    rng = np.random.default_rng(5)
+    n = 2000
+    pq.write_table(pa.table({"lang": rng.choice(["zh", "en"], n).tolist(), "words": rng.integers(0, 900, n).astype(float)}),
+                   tmp_path / "part-00000.parquet")
+    monkeypatch.setattr(report_html, "MAX_SCORE_ROWS", 100)
+    rule = {"reason": "few_words", "column": "words", "kind": "min", "threshold": 50.0, "applies_to": "all", "guard": None}
+    absent = {**rule, "reason": "never", "column": "never_written"}
+    plots = report_html.score_plots({"filter": {"rules": [rule, absent], "scores_dir": str(tmp_path)}})
+    assert len(plots) == 1
+    caption, png = plots[0]
+    words = pq.read_table(tmp_path / "part-00000.parquet").column("words").to_numpy()
+    assert caption == f"few_words: keeps ≥ 50 (all); {(words < 50).mean():.1%} fail"
+    assert png and len(png) > 1000
