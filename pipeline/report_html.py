@@ -85,7 +85,6 @@ def _read_scores(scores_dir: str, columns: list[str]) -> Optional[dict]:
     rows are drawn from the parts' row counts first, so each column is one array filled part by part:
     a frame per part, concatenated, held the sample twice (+200 MB in the driver at 300,000 rows)."""
     import numpy as np
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     paths = _score_paths(scores_dir)
@@ -108,7 +107,7 @@ def _read_scores(scores_dir: str, columns: list[str]) -> Optional[dict]:
         end = at + table.num_rows
         for c in table.column_names:
             if c == "lang":
-                out["zh"][at:end] = pc.fill_null(pc.equal(table.column(c), "zh"), False).to_numpy(zero_copy_only=False)
+                out["zh"][at:end] = _is_zh(table.column(c))
             else:
                 out[c][at:end] = table.column(c).to_numpy(zero_copy_only=False)
         at = end
@@ -119,6 +118,13 @@ def _score_paths(scores_dir: str) -> list[Path]:
     return sorted(Path(scores_dir).glob("part-*.parquet"))
 
 
+def _is_zh(lang: Any) -> Any:
+    """Whether each document was scored as Chinese (a null language is not)."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.equal(lang, "zh"), False).to_numpy(zero_copy_only=False)
+
+
 def histogram_counts(scores_dir: str, bins: dict[str, Any], rules: dict[str, list[dict]]) -> dict:
     """Exact histograms of every scored document, read one part at a time (the driver holds one
     part's score columns, whatever the corpus): per column in `bins`, the counts of non-Chinese and
@@ -126,7 +132,6 @@ def histogram_counts(scores_dir: str, bins: dict[str, Any], rules: dict[str, lis
     `rules[column]` how many documents it applies to and how many of them fail it. A part without a
     column (written before the score existed) counts none of its documents for it."""
     import numpy as np
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     out = {c: {"counts": np.zeros((2, len(b) - 1), np.int64), "applies": np.zeros(len(rules.get(c, [])), np.int64),
@@ -136,8 +141,7 @@ def histogram_counts(scores_dir: str, bins: dict[str, Any], rules: dict[str, lis
         names = set(pq.read_schema(path).names)
         table = pq.read_table(path, columns=[c for c in dict.fromkeys(["lang", *bins, *guards]) if c in names])
         n = table.num_rows
-        zh = pc.fill_null(pc.equal(table.column("lang"), "zh"), False).to_numpy(zero_copy_only=False) \
-            if "lang" in names else np.zeros(n, bool)
+        zh = _is_zh(table.column("lang")) if "lang" in names else np.zeros(n, bool)
         for c, b in bins.items():
             values = _as_floats(table, c, n)
             finite = np.isfinite(values)
