@@ -21,7 +21,9 @@ Recorded per run: wall seconds, CPU seconds of every process, peak RSS of the dr
 worker and of all processes together, bytes spilled to the workers' local directories, planted
 exact and near duplicates found, whether a worker was killed (its process gone before the end), and
 sha256 of the removed ids and of the shards' rows, so two engines' results can be compared. Results
-go to WORK/results.jsonl (with each step's seconds and peak RSS) and a table to stdout.
+go to WORK/results.jsonl (with each step's seconds and peak RSS) and a table to stdout; each run's
+RSS timeline (every 0.25 s: seconds, step, the label of its running tasks, MB per process, the
+driver first) to WORK/run-SCALEx-ENGINE-rss.tsv, to see which part of a step holds the peak.
 """
 from __future__ import annotations
 
@@ -205,22 +207,29 @@ class Sampler:
                 continue
         return out
 
-    def _step(self) -> str:
+    def _step(self) -> tuple[str, str]:
+        """(the running step, or "after STEP" between steps; the label of its running tasks)."""
         try:
             doc = json.loads((self.out / "progress.json").read_text())
             stage = doc.get("stage")
             if not stage:
-                return "finish" if doc.get("state") != "running" else "setup"
+                return ("finish" if doc.get("state") != "running" else "setup"), ""
+            label = (doc.get("step") or {}).get("label", "")
             # between two steps (the runner's own work after a step: ledger, report) is its own row
-            return stage if doc["stages"].get(stage, {}).get("state") == "running" else f"after {stage}"
+            if doc["stages"].get(stage, {}).get("state") == "running":
+                return stage, label
+            return f"after {stage}", ""
         except (OSError, ValueError, AttributeError, TypeError, KeyError):
-            return "setup"
+            return "setup", ""
 
     def _run(self) -> None:
         driver = self.roots[0].pid
+        started = time.perf_counter()
+        timeline = open(self.out.parent / (self.out.name + "-rss.tsv"), "w") if self.out else None
         while not self._stop.is_set():
             total, worker = 0, 0
-            step = self._step()
+            step, label = self._step()
+            rss_of: dict[int, int] = {}
             at = self.by_step.setdefault(step, {"driver": 0, "worker": 0, "all": 0})
             for p in self._procs():
                 try:
@@ -230,6 +239,7 @@ class Sampler:
                 except psutil.Error:
                     continue
                 total += rss
+                rss_of[p.pid] = rss
                 self.peak[p.pid] = max(self.peak.get(p.pid, 0), rss)
                 self.cpu[p.pid] = t.user + t.system
                 if p.pid == driver:
@@ -239,7 +249,12 @@ class Sampler:
             at["worker"] = max(at["worker"], worker)
             at["all"] = max(at["all"], total)
             self.total_peak = max(self.total_peak, total)
+            if timeline:  # seconds, step, task label, then MB per process (the driver first)
+                cells = [f"{pid}:{rss >> 20}" for pid, rss in sorted(rss_of.items(), key=lambda kv: kv[0] != driver)]
+                timeline.write(f"{time.perf_counter() - started:.1f}\t{step}\t{label}\t" + "\t".join(cells) + "\n")
             time.sleep(0.25)
+        if timeline:
+            timeline.close()
 
     def __enter__(self) -> "Sampler":
         self._thread.start()
