@@ -174,10 +174,12 @@ def count_lines_to_file(path: str, min_width: int, buckets: int, out_path: str) 
     return sources, cuts.tolist()
 
 
-def sum_line_count_files(counted: list[tuple[str, list[int]]], bucket: int, min_docs: int) -> np.ndarray:
+def sum_line_count_files(files: list[str], cuts: np.ndarray, bucket: int, min_docs: int) -> np.ndarray:
     """`sum_line_counts` of one bucket, read from every part's file (`count_lines_to_file`; memory-
-    mapped, so a task holds this bucket's rows only)."""
-    chunks = [np.load(f, mmap_mode="r")[cuts[bucket]:cuts[bucket + 1]] for f, cuts in counted]
+    mapped, so a task holds this bucket's rows only). `cuts[i]` is where each bucket's rows start
+    and end in `files[i]` (one matrix shared by all the bucket tasks: a list per task grew with
+    parts x buckets)."""
+    chunks = [np.load(f, mmap_mode="r")[cuts[i, bucket]:cuts[i, bucket + 1]] for i, f in enumerate(files)]
     return sum_line_counts([np.asarray(c) for c in chunks], min_docs)
 
 
