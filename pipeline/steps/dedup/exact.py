@@ -16,9 +16,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from dask import delayed
 
 from corpusmill.stages import exact_dedup, near_dedup
-from corpusmill.stages.base import REMOVED_META, in_sorted, write_table_atomic
+from corpusmill.stages.base import REMOVED_META, in_sorted, merge_stats, write_table_atomic
 from corpusmill.stages.composition import UNKNOWN
 
 from ...step import StepContext, StepResult
@@ -66,7 +67,7 @@ class ExactDedupStep(removal.DedupStep):
         files = sorted(str(p) for p in (folder / "removed").glob("*.parquet"))
         drop = removal.removed_uids(files)
         if self.defer_removal:
-            stats = passed_on(sig_files, drop)
+            stats = passed_on(ctx, sig_files, drop)
         else:
             stats = removal.remove_documents(ctx, self.reads, folder, drop, "exact", "exact_dedup: remove", [folder])
         outputs = {}
@@ -75,18 +76,29 @@ class ExactDedupStep(removal.DedupStep):
         return StepResult(stats, outputs)
 
 
-def passed_on(sig_files: list[str], drop: np.ndarray) -> dict[str, Any]:
+def passed_on(ctx: StepContext, sig_files: list[str], drop: np.ndarray) -> dict[str, Any]:
     """The step's counts when its removal is deferred: documents in, out, removed, and `by_group` of
     what it passes on (as `remove_documents` would count the parts it does not write), from the
-    signature pass's uid, source, language and raw_chars columns."""
-    table = pq.read_table(sig_files, columns=["uid", "source", "language", "raw_chars"]) if sig_files else None
-    if table is None or not table.num_rows:
-        return {"docs_in": 0, "docs_out": 0, "removed": {"exact": 0}, "by_group": {}}
+    signature pass's uid, source, language and raw_chars columns, a part per task: read into the
+    driver at once they grew it by 210 MB at 5 GB."""
+    stats: dict[str, Any] = {"docs_in": 0, "docs_out": 0, "removed": {"exact": 0}, "by_group": {}}
+    if not sig_files:
+        return stats
+    drop_future = ctx.broadcast(drop)
+    for part in ctx.run([delayed(passed_on_part)(f, drop_future) for f in sig_files], "dedup: counting what passes on"):
+        merge_stats(stats, part)
+    # as `_group_counts` orders one part's groups: by source, then language
+    stats["by_group"] = {s: dict(sorted(g.items())) for s, g in sorted(stats["by_group"].items())}
+    return stats
+
+
+def passed_on_part(sig_file: str, drop: np.ndarray) -> dict[str, Any]:
+    """`passed_on` of one signature part."""
+    table = pq.read_table(sig_file, columns=["uid", "source", "language", "raw_chars"])
     uid = table.column("uid").to_numpy()
     keep = ~in_sorted(uid, drop)
-    kept = table.filter(pa.array(keep))
     return {"docs_in": int(len(uid)), "docs_out": int(keep.sum()), "removed": {"exact": int((~keep).sum())},
-            "by_group": _group_counts(kept)}
+            "by_group": _group_counts(table.filter(pa.array(keep)))}
 
 
 def _group_counts(kept: pa.Table) -> dict:

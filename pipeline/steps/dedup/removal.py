@@ -221,7 +221,7 @@ def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, An
         drop = np.union1d(drop, pending)
         audit.append(ctx.rundir.folder("exact_dedup"))
     if counted_from is not None:
-        passed = passed_on(counted_from, drop)
+        passed = passed_on(ctx, counted_from, drop)
     else:
         passed = remove_documents(ctx, source, folder, drop, None, "near_dedup: remove", audit)
     stats["docs_out"] = passed.get("docs_out", 0)
