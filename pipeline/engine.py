@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import dask
 from dask.delayed import Delayed
-from distributed import Client, LocalCluster, as_completed
+from distributed import Client, LocalCluster, WorkerPlugin, as_completed
 
 Log = Callable[[str], None]
 
@@ -243,6 +243,27 @@ def _malloc_trim() -> Optional[Callable[[int], int]]:
         return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", None)
     except OSError:
         return None
+
+
+class ReleaseAfterEveryTask(WorkerPlugin):
+    """glibc's `malloc_trim` on a worker each time a task leaves it (done or failed), the tasks of Dask
+    shuffles and merges included, which `run_tasks` does not follow with `release_memory`. Without
+    it a worker's heap grew with every shuffle task it ran within a step (near dedup at 5 GB: 519 ->
+    780 MB between tasks). It runs in the worker's event loop, so Arrow's per-thread pool is left to
+    `release_memory`."""
+
+    name = "corpusmill-release-after-every-task"
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if start == "executing" and finish != "executing":
+            trim = _malloc_trim()
+            if trim is not None:
+                trim(0)
+
+
+def release_after_every_task(client: Client) -> None:
+    """Install `ReleaseAfterEveryTask` on the cluster's workers (those that join later too)."""
+    client.register_plugin(ReleaseAfterEveryTask())
 
 
 def _released(result: Any) -> Any:

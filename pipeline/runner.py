@@ -22,7 +22,7 @@ from corpusmill.stages.base import write_json_atomic, write_text_atomic
 from . import __version__
 from .composition import build_composition
 from .config import Config
-from .engine import dask_client, progress_listener
+from .engine import dask_client, progress_listener, release_after_every_task, release_memory
 from .ledger import build_ledger, project_full_run
 from .plan import build_plan
 from .progress import RunProgress, utc_now
@@ -140,6 +140,7 @@ class Pipeline:
         self._preflight()
         links = self.plan.links(self.cfg)  # expands the inputs: a missing one stops here, before the cluster starts
         with dask_client(self.cfg.cluster, self.client_arg, self.log) as client:
+            release_after_every_task(client)
             ctx = StepContext(self.cfg, self.rundir, client, self.log, {s.name: s for s in self.plan.steps}, links,
                               self.results, export_format=self.export_format)
             self.n_workers = ctx.n_workers
@@ -199,6 +200,10 @@ class Pipeline:
         self._progress("stage_finished", step.name, result.seconds)
         if step.resumable:
             self.log(f"[{step.name}] {step.summary(result.stats)} in {result.seconds:.1f}s")
+        # what the step freed but the allocators kept, in the driver and on every worker (a step's Dask
+        # shuffles and its driver-side merges are not tasks that `run_tasks` follows with a release)
+        release_memory()
+        ctx.on_every_worker(release_memory)
 
     def _reuse(self, step: Step, link: Optional[str]) -> bool:
         """Take the step's result from its marker when an earlier run finished it with this link."""
