@@ -14,8 +14,6 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from .engine import release_memory
-
 MAX_SCORE_ROWS = 50_000  # documents drawn to place the histograms' bins (a seeded sample over all parts)
 STYLE = """
 body { font-family: -apple-system, "Segoe UI", "Noto Sans CJK SC", "PingFang SC", sans-serif; margin: 2em auto;
@@ -89,6 +87,8 @@ def _read_scores(scores_dir: str, columns: list[str]) -> Optional[dict]:
     import numpy as np
     import pyarrow.parquet as pq
 
+    from .engine import release_memory
+
     paths = _score_paths(scores_dir)
     if not paths:
         return None
@@ -137,6 +137,8 @@ def histogram_counts(scores_dir: str, bins: dict[str, Any], rules: dict[str, lis
     column (written before the score existed) counts none of its documents for it."""
     import numpy as np
     import pyarrow.parquet as pq
+
+    from .engine import release_memory
 
     out = {c: {"counts": np.zeros((2, len(b) - 1), np.int64), "applies": np.zeros(len(rules.get(c, [])), np.int64),
                "fails": np.zeros(len(rules.get(c, [])), np.int64)} for c, b in bins.items()}

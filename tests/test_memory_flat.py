@@ -67,7 +67,7 @@ def test_boilerplate_lines_summed_per_bucket_equal_one_count_of_the_whole_corpus
     assert not (tmp_path / "cache" / "line_counts").exists()  # the per-part count files are gone
 
 
-def test_deferred_counts_over_parts_equal_one_count_of_all_rows(tmp_path, dask_client):
+def test_deferred_counts_over_parts_equal_one_count_of_all_rows(tmp_path, step_context):
     rng = np.random.default_rng(5)
     files, tables, uid0 = [], [], 0
     for p in range(5):
@@ -81,7 +81,7 @@ def test_deferred_counts_over_parts_equal_one_count_of_all_rows(tmp_path, dask_c
         pq.write_table(t, files[-1])
         tables.append(t)
     drop = np.sort(rng.choice(uid0, size=uid0 // 3, replace=False)).astype(np.int64)
-    ctx = StepContext(parse_config({}), RunDir(tmp_path / "run"), dask_client, print, {}, {}, {})
+    ctx = step_context
     got = passed_on(ctx, files, drop)
 
     whole = pa.concat_tables(tables)

@@ -216,7 +216,7 @@ def boilerplate_lines(ctx: StepContext, parts: list[str], cache: Path, reuse: bo
         # millions when a corpus repeats its lines across many documents)
         keys = np.array(sorted(sources), dtype=np.int64)
         docs_of_key = np.array([sources[k][1] for k in keys.tolist()], dtype=float)
-        source_docs = docs_of_key[np.searchsorted(keys, frequent[:, 0])] if len(keys) else np.zeros(len(frequent))
+        source_docs = docs_of_key[np.searchsorted(keys, frequent[:, 0])]
         need = np.maximum(bc.min_docs, bc.min_doc_share * source_docs)
         rows = frequent[(frequent[:, 2] >= need) & (frequent[:, 1] != 0)]
         chosen = pd.DataFrame({"source": pd.Series([names[k] for k in rows[:, 0].tolist()], dtype="string"),
