@@ -4,9 +4,11 @@ the folder is renamed to `shards/` when all are written and checked (a MindRecor
 never be renamed)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -17,7 +19,7 @@ from dask import delayed
 from corpusmill.stages import manifest, megatron, pack, shard
 from corpusmill.stages.base import write_json_atomic, write_table_atomic, write_text_atomic
 
-from .. import __version__
+from .. import __version__, isolated
 from ..config import Config, ShardConfig
 from ..progress import utc_now
 from ..rundir import SHARDS_STAGING, VALIDATION_SHARDS
@@ -86,6 +88,13 @@ class ShardStep(Step):
                 f"{s['dropped_samples']} dropped){mega}, {s['bytes'] / 1e6:.1f} MB")
 
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
+        try:
+            return self._run(ctx, folder)
+        finally:  # the MindRecord writers' helper processes: their memory goes back whole
+            with contextlib.suppress(Exception):  # best effort: a helper also ends with its worker
+                ctx.on_every_worker(isolated.stop_helpers)
+
+    def _run(self, ctx: StepContext, folder: Path) -> StepResult:
         sc = ctx.cfg.shard
         validation = ctx.rundir.file(VALIDATION_SHARDS)
         if validation.exists():  # never left from an earlier run: it would be trained against as this run's
@@ -172,9 +181,12 @@ class ShardStep(Step):
         except shard.ShardError as e:
             raise PipelineError(str(e)) from None
         names = [shard.file_name(sc.layout, *plan.file_of(i), sc.files_per_rank, sc.ranks) for i in range(plan.files)]
-        tasks = [delayed(shard.gather_and_write)(parts, counts, sc.seed, plan.file_bounds[i], plan.file_bounds[i + 1],
-                                                 plan.used, str(staging / name), window, sc.write_batch, labels, sc.verify,
-                                                 dask_key_name=f"{label.replace(' ', '-')}-write-{i}")
+        # each file is written in a helper process of its worker (pipeline.isolated): MindSpore's
+        # libraries and heap never stay in the worker, and its crash is the task's error, not a lost worker
+        tasks = [delayed(isolated.call_in_helper)(shard.gather_and_write, parts, counts, sc.seed, plan.file_bounds[i],
+                                                  plan.file_bounds[i + 1], plan.used, str(staging / name), window,
+                                                  sc.write_batch, labels, sc.verify,
+                                                  dask_key_name=f"{label.replace(' ', '-')}-write-{i}")
                  for i, name in enumerate(names)]
         balance = (f"{plan.dropped} dropped" if sc.remainder == "drop" else f"{plan.repeated} repeated") + " for equal ranks"
         ctx.log(f"  {label}: {total} samples -> {sc.ranks} ranks x {plan.per_rank} samples ({balance}), "
@@ -296,10 +308,10 @@ class ShardStep(Step):
 
     @staticmethod
     def _warm_up_writers(ctx: StepContext) -> float:
-        """Import the MindRecord writer on every worker once, before the write tasks; the seconds
-        (the slowest worker) are reported apart from the writing."""
+        """Start a writer helper per worker thread, each importing the MindRecord writer once, before
+        the write tasks; the seconds (the slowest worker) are reported apart from the writing."""
         started = time.perf_counter()
-        ctx.on_every_worker(shard.warm_up_writer)
+        ctx.on_every_worker(partial(isolated.warm_up_helpers, shard.warm_up_writer))
         return time.perf_counter() - started
 
     @staticmethod
