@@ -625,6 +625,11 @@ class ShardConfig(_Section):
                        "number of samples (at most 65536).")
     files_per_rank: int = Field(1, gt=0, le=MAX_FILES_PER_RANK, description="MindRecord files per rank (global: ranks "
                                 "x files_per_rank files in all; at most 1024).")
+    max_samples_per_file: int = Field(
+        32768, ge=0, le=1 << 30, description="Most samples in one MindRecord file: a rank gets more files than "
+        "files_per_rank when its files would hold more (the manifest gives the files_per_rank used). FileWriter builds "
+        "a file's index in memory when it closes it, about 1.3 KB a sample, so this bounds a writer's memory whatever "
+        "the corpus (32768 samples: about 43 MB; files of about 270 MB at seq_length 2048). 0: no cap.")
     remainder: Literal["drop", "pad"] = Field(
         "drop", description="Samples that do not divide evenly by ranks: drop them, or pad the ranks with copies of "
         "the first shuffled samples (as distributed samplers do). Both are counted in the manifest.")

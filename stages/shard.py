@@ -49,17 +49,23 @@ class ShardPlan:
         return divmod(index, self.files_per_rank)
 
 
-def plan_shards(total_windows: int, ranks: int, files_per_rank: int, remainder: str = "drop") -> ShardPlan:
+def plan_shards(total_windows: int, ranks: int, files_per_rank: int, remainder: str = "drop",
+                max_samples_per_file: int = 0) -> ShardPlan:
     """Equal samples per rank; files of a rank differ by at most one sample.
 
     The `total % ranks` windows that do not divide evenly are dropped (`drop`), or the ranks are
     filled up with copies of the first windows of the shuffled order (`pad`, as MindSpore's and
-    PyTorch's distributed samplers do), so no real data is lost and no sample is made of padding."""
+    PyTorch's distributed samplers do), so no real data is lost and no sample is made of padding.
+    With `max_samples_per_file`, a rank gets more files than `files_per_rank` when its files would
+    hold more: MindRecord's `FileWriter.commit` builds a file's index in memory (about 1.3 KB a
+    sample), so the cap is what keeps a writer's memory flat as the corpus grows."""
     if remainder not in ("drop", "pad"):
         raise ShardError(f"unknown remainder policy {remainder!r}: use 'drop' or 'pad'")
     per_rank = total_windows // ranks if remainder == "drop" else -(-total_windows // ranks)
     if remainder == "pad" and total_windows and per_rank * ranks - total_windows > total_windows:
         raise ShardError(f"only {total_windows} samples for {ranks} ranks: padding would repeat samples more than once")
+    if max_samples_per_file > 0 and per_rank > files_per_rank * max_samples_per_file:
+        files_per_rank = -(-per_rank // max_samples_per_file)
     if per_rank < files_per_rank:
         raise ShardError(
             f"only {total_windows} samples for {ranks} ranks x {files_per_rank} files: every file needs at least "
@@ -166,8 +172,8 @@ def file_name(layout: str, rank: int, file_index: int, files_per_rank: int, rank
     global: one prefix for the whole set, `corpus.mindrecord` + a zero-padded file number, the
     names FileWriter's own parallel writer gives; mindformers' loader collects `mindrecord\\d*$`.
     """
-    if layout == "per_rank":
-        return f"rank-{rank:04d}/corpus-r{rank:04d}-f{file_index:02d}.mindrecord"
+    if layout == "per_rank":  # numbered wide enough that names sort in file order
+        return f"rank-{rank:04d}/corpus-r{rank:04d}-f{file_index:0{max(2, len(str(files_per_rank - 1)))}d}.mindrecord"
     if layout == "global":
         n = ranks * files_per_rank
         return f"corpus.mindrecord{rank * files_per_rank + file_index:0{len(str(n - 1))}d}"

@@ -476,6 +476,42 @@ def test_global_layout_with_pad_remainder_is_split_equally_by_minddataset(run, d
     assert summary["steps"] == 2
 
 
+def test_a_sample_cap_per_file_splits_each_rank_into_more_files_holding_the_same_rows_in_order(run, dask_client,
+                                                                                                tmp_path):
+    """shard.max_samples_per_file (what bounds FileWriter.commit's memory) only moves where a rank's
+    files split: the rank's rows, read file after file in name order, are the uncapped run's."""
+    import shutil
+    import subprocess
+    import sys
+
+    import mindspore.dataset as ds
+    import yaml
+
+    def rank_rows(shards: Path, rank: int) -> list[tuple]:
+        files = sorted(str(p) for p in (shards / f"rank-{rank:04d}").glob("*.mindrecord"))
+        return [tuple(r[0].tolist()) for r in ds.MindDataset(files, columns_list=["input_ids"], shuffle=False)
+                .create_tuple_iterator(output_numpy=True, num_epochs=1)]
+
+    before = json.loads((run["out"] / "shards" / "manifest.json").read_text())
+    cap = max(1, before["samples_per_rank"] // 11)  # 11 or 12 files per rank, two-digit names
+    out = tmp_path / "out"
+    shutil.copytree(run["out"], out)
+    as_run = yaml.safe_load((out / "config.yaml").read_text())
+    as_run["shard"]["max_samples_per_file"] = cap
+    result = Pipeline(parse_config(as_run), out, resume=True, client=dask_client, log=lambda m: None).run()
+    assert result.skipped[-1] == "pack"
+    manifest = json.loads((out / "shards" / "manifest.json").read_text())
+    per_rank = -(-before["samples_per_rank"] // cap)
+    assert manifest["files_per_rank"] == per_rank and len(manifest["files"]) == 2 * per_rank
+    assert max(f["samples"] for f in manifest["files"]) <= cap
+    assert manifest["samples_per_rank"] == before["samples_per_rank"]
+    for rank in range(2):
+        assert rank_rows(out / "shards", rank) == rank_rows(run["out"] / "shards", rank)
+    ok = subprocess.run([sys.executable, "-m", "corpusmill.pipeline.cli", "shards", "verify", str(out / "shards")],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_changed_threshold_reuses_scores_and_reruns_only_the_decision(run, dask_client, tmp_path):
     import shutil
 

@@ -18,6 +18,18 @@ def test_plan_gives_every_rank_the_same_count():
         plan_shards(5, ranks=4, files_per_rank=2)
 
 
+def test_a_sample_cap_gives_a_rank_more_files_and_their_names_sort_in_file_order():
+    plan = plan_shards(1_000_003, ranks=3, files_per_rank=2, max_samples_per_file=3000)
+    assert plan.per_rank == 333_334 and plan.files_per_rank == 112  # ceil(333,334 / 3,000)
+    sizes = np.diff(plan.file_bounds)
+    assert sizes.max() <= 3000 and sizes.min() >= 2976 and sizes.sum() == plan.used
+    assert plan_shards(1000, ranks=2, files_per_rank=4, max_samples_per_file=3000).files_per_rank == 4  # under the cap
+    names = [file_name("per_rank", *plan.file_of(i), plan.files_per_rank, plan.ranks) for i in range(plan.files)]
+    assert names == sorted(names) and names[111] == "rank-0000/corpus-r0000-f111.mindrecord"
+    assert names[5] == "rank-0000/corpus-r0000-f005.mindrecord"
+    assert file_name("per_rank", 1, 5, 4, 2) == "rank-0001/corpus-r0001-f05.mindrecord"  # as before, up to 100
+
+
 def test_positions_are_a_seeded_permutation():
     inv = positions(1000, seed=3)
     assert sorted(inv.tolist()) == list(range(1000))

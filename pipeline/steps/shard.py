@@ -177,10 +177,14 @@ class ShardStep(Step):
         counts = [shard.count_windows(p) for p in parts]
         total = int(sum(counts))
         try:
-            plan = shard.plan_shards(total, sc.ranks, sc.files_per_rank, sc.remainder)
+            plan = shard.plan_shards(total, sc.ranks, sc.files_per_rank, sc.remainder, sc.max_samples_per_file)
         except shard.ShardError as e:
             raise PipelineError(str(e)) from None
-        names = [shard.file_name(sc.layout, *plan.file_of(i), sc.files_per_rank, sc.ranks) for i in range(plan.files)]
+        if plan.files_per_rank != sc.files_per_rank:
+            ctx.log(f"  {label}: {plan.files_per_rank} files per rank, not shard.files_per_rank {sc.files_per_rank}: "
+                    f"{sc.files_per_rank} would hold {-(-plan.per_rank // sc.files_per_rank):,} samples each, above "
+                    f"shard.max_samples_per_file {sc.max_samples_per_file:,}")
+        names = [shard.file_name(sc.layout, *plan.file_of(i), plan.files_per_rank, sc.ranks) for i in range(plan.files)]
         # each file is written in a helper process of its worker (pipeline.isolated): MindSpore's
         # libraries and heap never stay in the worker, and its crash is the task's error, not a lost worker
         tasks = [delayed(isolated.call_in_helper)(shard.gather_and_write, parts, counts, sc.seed, plan.file_bounds[i],
@@ -287,7 +291,8 @@ class ShardStep(Step):
         doc = manifest.build(
             version=__version__, config_hash=ctx.link(self.name), created_utc=utc_now(), seq_length=ctx.cfg.pack.seq_length,
             tokenizer=tok.__dict__, add_bos=ctx.cfg.tokenizer.add_bos, add_eos=ctx.cfg.tokenizer.add_eos, labels=labels,
-            pack_mode=ctx.cfg.pack.mode, layout=sc.layout, ranks=sc.ranks, files_per_rank=sc.files_per_rank,
+            pack_mode=ctx.cfg.pack.mode, layout=sc.layout, ranks=sc.ranks,
+            files_per_rank=plan.files_per_rank if files else sc.files_per_rank,
             samples_per_rank=plan.per_rank, total_samples=plan.used, dropped=plan.dropped, repeated=plan.repeated,
             remainder=sc.remainder, shuffle_seed=sc.seed, files=files, tokenizer_file=tokenizer_file,
             megatron=None if pairs is None else {"dtype": pairs[0]["dtype"], "split": sc.megatron_split, "pairs": pairs},
