@@ -9,8 +9,10 @@ every process, sampled per step, at 4 and 16 MB partitions on the 78 MB real sub
 partitions on 0.1 to 5 GB on both engines: bench/README.md, "Resource plan" and "Flat memory");
 they are upper bounds of what was seen, not averages. A worker's RSS does not fall back between
 steps (the allocator keeps what it freed), so a step's fixed part includes what the steps before it
-left, and the shard step, whose MindSpore cannot reuse that freed heap, comes on top of the largest
-of them.
+left. The shard step writes its files in helper processes of the worker (`pipeline.isolated`), one
+per worker thread: they run beside what the worker kept after the earlier steps gave their memory
+back (`FLOOR_SHARE`), so the step is planned as that floor plus its helpers. Dask's memory limit
+measures the worker process alone; the plan counts the helpers with it, as the machine holds both.
 """
 from __future__ import annotations
 
@@ -22,9 +24,13 @@ from typing import Any, Optional
 MiB, GiB = 2**20, 2**30
 
 WORKER_BASE = 230 * MiB  # a worker process after reading: Python, pandas, pyarrow, dask, distributed
-# what MindSpore's import and its MindRecord writer add in a shard worker on top of what the earlier
-# steps left: +170 to +340 MB measured at 0.1-5 GB (bench/README.md, "Flat memory, fourth pass")
-SHARD_ON_TOP = 360 * MiB
+# a MindRecord writer helper process: a fresh interpreter with numpy, pyarrow and MindSpore's writer
+# and reader, and the mapped parts it gathers from (peak 523 MB at 0.5 GB with its chunk and commit)
+SHARD_HELPER = 520 * MiB
+SHARD_COMMIT_BYTES_PER_SAMPLE = 1400  # FileWriter.commit builds the file's index in memory: 1.3 KB a sample measured
+# what a worker keeps between steps after it gave memory back, as a share of its largest earlier
+# step above WORKER_BASE: 0.27 at 0.5 GB, 0.52 at 5 GB measured (Dask's own bookkeeping, a fragmented heap)
+FLOOR_SHARE = 0.6
 # bytes in a worker per byte of the partition's text (Arrow text, pandas copies, scores, outputs)
 DOCUMENT_STEP_FACTOR = 6.0  # read, normalize, filter
 SIGNATURE_FACTOR = 6.0  # near-dup shingling + signatures of one partition
@@ -51,7 +57,8 @@ FIT_SHARE = 0.8  # Dask pauses a worker at 80% of its limit (and kills it at 95%
 
 @dataclass
 class Peak:
-    """The largest memory one process needs during one step, and the setting that moves it."""
+    """The largest memory one process needs during one step (the shard step's: a worker with its
+    writer helpers), and the setting that moves it."""
 
     step: str
     bytes: int
@@ -66,7 +73,7 @@ class ResourcePlan:
     part_bytes: int
     workers: int
     worker_limit: Optional[int]  # bytes per worker process; None when unknown
-    peaks: list[Peak] = field(default_factory=list)  # per worker process
+    peaks: list[Peak] = field(default_factory=list)  # per worker process (with its helpers in the shard step)
     driver: list[Peak] = field(default_factory=list)  # in the driver (this process)
     disk_bytes: int = 0
 
@@ -90,7 +97,8 @@ class ResourcePlan:
         if self.fits():
             return None
         p = self.worst()
-        return (f"the {p.step} step needs about {_gib(p.bytes)} in one worker, more than {int(FIT_SHARE * 100)}% of "
+        where = "one worker and its MindRecord writer helpers" if p.step == "shard" else "one worker"
+        return (f"the {p.step} step needs about {_gib(p.bytes)} in {where}, more than {int(FIT_SHARE * 100)}% of "
                 f"its {_gib(self.worker_limit)} memory limit (Dask pauses the worker there and kills it at 95%): "
                 f"lower {p.setting}")
 
@@ -127,14 +135,21 @@ def plan_resources(cfg: Any, input_bytes: int, *, workers: Optional[int] = None,
     group = min(PACK_GROUP_TOKENS, max(tokens, 1))
     peaks.append(Peak("pack", WORKER_BASE + threads * group * PACK_BYTES_PER_GROUP_ID, "cluster.threads_per_worker"))
     windows = tokens // (cfg.pack.seq_length + 1) + 1
+    per_rank = max(1, windows // max(1, cfg.shard.ranks))
+    per_file = -(-per_rank // cfg.shard.files_per_rank)
+    if cfg.shard.max_samples_per_file:  # the writer opens more files rather than hold more in one
+        per_file = min(per_file, cfg.shard.max_samples_per_file)
+    files = max(files, cfg.shard.ranks * -(-per_rank // per_file))
     held = min(SHARD_CHUNK_BYTES, 4 * tokens // files)  # a file is gathered and written a chunk at a time
-    carried = max(peaks, key=lambda p: p.bytes)  # what the earlier steps left in the worker's heap
+    carried = max(peaks, key=lambda p: p.bytes)  # the worker's floor beside its helpers comes from this step
+    floor = WORKER_BASE + int(FLOOR_SHARE * (carried.bytes - WORKER_BASE))
+    helper = SHARD_HELPER + SHARD_BYTES_PER_ID_HELD * held + SHARD_COMMIT_BYTES_PER_SAMPLE * per_file + 16 * windows
     lever = carried.setting.split(" (")[0]
     setting = f"{lever} (it sets what the {carried.step} step leaves in the worker)"
     if lever != "cluster.threads_per_worker":
-        setting += " or cluster.threads_per_worker"
-    peaks.append(Peak("shard", carried.bytes + SHARD_ON_TOP + threads * (SHARD_BYTES_PER_ID_HELD * held + 16 * windows),
-                      setting))
+        setting += ", cluster.threads_per_worker"
+    setting += " or shard.max_samples_per_file"
+    peaks.append(Peak("shard", floor + threads * helper, setting))
     docs = max(1, text // TEXT_BYTES_PER_DOC)
     if cfg.pack.shuffle_documents and (cfg.pack.mode != "concat" or cfg.mix.sources):
         # pad, best_fit and a mixture order the whole corpus in the driver; concat is range-partitioned

@@ -76,21 +76,37 @@ def test_no_worker_peak_grows_with_the_corpus_past_one_partition():
 
 
 
-def test_the_shard_step_comes_on_top_of_what_the_earlier_steps_left_and_names_their_setting():
-    """A worker's heap does not shrink between steps and MindSpore cannot reuse it: larger partitions
-    raise the shard step's peak through the document steps, and a refusal there names part_size_mb."""
-    def plan(part_mb: int):
-        cfg = parse_config({"input": {"part_size_mb": part_mb}, "cluster": {"address": "tcp://x:1"}})
-        return plan_resources(cfg, 5 * GiB, workers=2, worker_limit=3 * GiB)
+def test_the_shard_step_is_the_workers_floor_plus_a_writer_helper_per_thread_and_names_their_settings():
+    """The files are written in helper processes beside what the worker kept after the earlier steps
+    gave memory back (a share of the largest of them): larger partitions raise the shard step through
+    that floor, every worker thread adds a helper, and a refusal there names the settings behind both."""
+    def plan(part_mb: int, threads: int = 1, limit: float = 3):
+        cfg = parse_config({"input": {"part_size_mb": part_mb},
+                            "cluster": {"address": "tcp://x:1", "threads_per_worker": threads}})
+        return plan_resources(cfg, 5 * GiB, workers=2, worker_limit=int(limit * GiB))
 
-    small, large = plan(32), plan(256)
-    peak = [{p.step: p for p in x.peaks} for x in (small, large)]
-    for p in peak:
-        assert p["shard"].bytes > max(v.bytes for k, v in p.items() if k != "shard")
-    assert peak[1]["shard"].bytes - peak[0]["shard"].bytes == (peak[1]["read/normalize/filter"].bytes
-                                                               - peak[0]["read/normalize/filter"].bytes)
-    assert small.fits() and not large.fits()
-    assert "the shard step" in large.refusal() and "input.part_size_mb" in large.refusal()
+    small, large, two = plan(32), plan(128), plan(32, threads=2)
+    peak = [{p.step: p.bytes for p in x.peaks} for x in (small, large, two)]
+    floor_rise = peak[1]["shard"] - peak[0]["shard"]
+    assert 0 < floor_rise < peak[1]["read/normalize/filter"] - peak[0]["read/normalize/filter"]
+    assert peak[2]["shard"] - peak[0]["shard"] > 500 * 2**20  # a second helper, and the floor of two tasks
+    tight = plan(32, limit=1.6)
+    assert tight.worst().step == "shard" and not tight.fits()
+    assert "the shard step" in tight.refusal() and "MindRecord writer helpers" in tight.refusal()
+    assert "input.part_size_mb" in tight.refusal() and "shard.max_samples_per_file" in tight.refusal()
+
+
+def test_the_sample_cap_per_file_keeps_the_writers_commit_flat():
+    """Without shard.max_samples_per_file a rank's files grow with the corpus, and so does the index
+    FileWriter.commit builds in memory; with it the files multiply instead."""
+    def shard_peak(gib: int, cap: int) -> int:
+        cfg = parse_config({"shard": {"ranks": 2, "files_per_rank": 4, "max_samples_per_file": cap},
+                            "cluster": {"address": "tcp://x:1"}})
+        return next(p.bytes for p in plan_resources(cfg, gib * GiB, workers=2, worker_limit=4 * GiB).peaks
+                    if p.step == "shard")
+
+    assert shard_peak(50, 0) > 2 * shard_peak(5, 0)  # ten times the samples in each of 8 files
+    assert shard_peak(50, 32768) <= 1.2 * shard_peak(5, 32768)
 
 
 def test_the_driver_plans_no_corpus_sized_pack_order_for_concat():
