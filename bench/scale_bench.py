@@ -380,11 +380,20 @@ def _removed_ids(out: Path) -> set[str]:
 
 
 def _shards_rows(out: Path) -> str:
+    """A hash of each rank's rows (per rank, the sum of its files' row digests), so two runs compare
+    equal when their ranks hold the same samples, however shard.max_samples_per_file cut them into files."""
     m = out / "shards" / "manifest.json"
     if not m.is_file():
         return "-"
-    files = json.loads(m.read_text())["files"]
-    return hashlib.sha256(json.dumps([f.get("rows_xxh3_sum") for f in files]).encode()).hexdigest()[:16]
+    return rank_rows_hash(json.loads(m.read_text()))
+
+
+def rank_rows_hash(manifest: dict) -> str:
+    by_rank: dict = {}
+    for f in manifest["files"]:
+        key = f.get("rank") if f.get("rank") is not None else -1  # global layout: one set
+        by_rank[key] = (by_rank.get(key, 0) + int(f.get("rows_xxh3_sum") or 0)) % (1 << 64)
+    return hashlib.sha256(json.dumps(sorted(by_rank.items())).encode()).hexdigest()[:16]
 
 
 def _positive(value: str) -> int:

@@ -16,6 +16,7 @@ step that used them stops them with `stop_helpers` on every worker when it ends.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import pickle
 import signal
@@ -26,7 +27,11 @@ import threading
 from typing import Any, Callable, Optional
 
 _LENGTH = struct.Struct("<Q")
-_SERVE = "import sys; from corpusmill.pipeline.isolated import _serve; _serve(int(sys.argv[1]), int(sys.argv[2]))"
+# sys.path is set before anything is imported: the worker's own (uploaded files, a test's modules),
+# not the current directory a `-c` child would put first
+_SERVE = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+          "from corpusmill.pipeline.isolated import _serve; _serve(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))")
+OOM_SCORE_ADJ = 500  # the kernel's OOM killer takes a helper before its worker
 
 
 class HelperError(RuntimeError):
@@ -65,60 +70,69 @@ class _Helper:
         to_child, self._requests = os.pipe()
         self._answers, from_child = os.pipe()
         env = {**os.environ, "GLOG_v": os.environ.get("GLOG_v", "3")}  # MindSpore's INFO/WARNING chatter off
+        argv = [sys.executable, "-c", _SERVE, json.dumps(sys.path), str(to_child), str(from_child), str(os.getpid())]
         try:
             # stdout goes to stderr: MindSpore's C++ code may print, and nothing shares the answer pipe
-            self.proc = subprocess.Popen([sys.executable, "-c", _SERVE, str(to_child), str(from_child)],
-                                         pass_fds=(to_child, from_child), stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(argv, pass_fds=(to_child, from_child), stdin=subprocess.DEVNULL,
                                          stdout=sys.stderr.fileno() if _has_fileno(sys.stderr) else None, env=env)
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 - OSError, or a bad environment: either way no helper
             for fd in (self._requests, self._answers):
                 os.close(fd)
             raise HelperError(f"could not start a helper process: {e}") from None
         finally:
             os.close(to_child)
             os.close(from_child)
-        try:  # the child imports what this process can: a worker's uploaded files, a test's modules
-            _write_message(self._requests, list(sys.path))
-        except OSError:
-            pass  # it died at once: the first call says how
 
-    def call(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    def call(self, fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+        """(True, result) or (False, the exception it raised), from a whole answer; HelperError when
+        the helper died first."""
         try:
             _write_message(self._requests, (fn, args, kwargs))
             whole, answer = _read_message(self._answers)
-        except BrokenPipeError:
+        except (BrokenPipeError, ConnectionResetError):
             whole, answer = False, None
         if not whole:
             raise HelperError(f"the helper process running {getattr(fn, '__name__', fn)} {self._ending()}")
-        ok, value = answer
-        if ok:
-            return value
-        raise value
+        return answer
 
     def _ending(self) -> str:
         """How the process ended, in words (it closed its pipe, so it is ending)."""
         try:
             code = self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.kill()
             return "stopped answering"
         if code < 0:
-            name = signal.Signals(-code).name
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
             hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if -code == signal.SIGKILL else ""
             return f"was killed by {name}{hint}"
         return f"exited with code {code}"
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def stop(self) -> None:
+        """Close its pipes (an idle helper exits at once) and reap it."""
         for fd in (self._requests, self._answers):
             try:
                 os.close(fd)
             except OSError:
                 pass
         try:
-            self.proc.wait(timeout=30)  # it exits when its request pipe closes
+            self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """For a helper whose conversation cannot go on (interrupted, or its call's step ended)."""
+        try:
             self.proc.kill()
-            self.proc.wait()
+        except OSError:
+            pass
+        self.proc.wait()
 
 
 def _has_fileno(stream: Any) -> bool:
@@ -130,29 +144,51 @@ def _has_fileno(stream: Any) -> bool:
 
 
 _idle: list[_Helper] = []
+_busy: set[_Helper] = set()
 _lock = threading.Lock()
+
+
+def _take() -> _Helper:
+    """A live idle helper (dead ones, e.g. taken by the OOM killer while idle, are reaped), or a new one."""
+    while True:
+        with _lock:
+            helper = _idle.pop() if _idle else None
+            if helper is not None and helper.alive():
+                _busy.add(helper)
+                return helper
+        if helper is None:
+            break
+        helper.stop()
+    helper = _Helper()
+    with _lock:
+        _busy.add(helper)
+    return helper
+
+
+def _call(helper: _Helper, fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+    """One call; the helper goes back to the idle list only after a whole answer, else it is ended
+    (a half-read answer would be the next call's)."""
+    try:
+        answer = helper.call(fn, args, kwargs)
+    except BaseException:
+        with _lock:
+            _busy.discard(helper)
+        helper.kill()
+        raise
+    with _lock:
+        _busy.discard(helper)
+        _idle.append(helper)
+    return answer
 
 
 def call_in_helper(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)` in an idle helper process of this process (started when none is idle);
     its result, or the exception it raised. `fn` and its arguments are pickled: module-level
     functions and plain data. A helper that dies during the call raises HelperError."""
-    with _lock:
-        helper = _idle.pop() if _idle else None
-    if helper is None:
-        helper = _Helper()
-    try:
-        value = helper.call(fn, args, kwargs)
-    except HelperError:
-        helper.stop()
-        raise
-    except BaseException:
-        with _lock:
-            _idle.append(helper)  # the call raised, the helper is fine
-        raise
-    with _lock:
-        _idle.append(helper)
-    return value
+    ok, value = _call(_take(), fn, args, kwargs)
+    if ok:
+        return value
+    raise value
 
 
 def warm_up_helpers(fn: Callable, count: int = 0, dask_worker: Any = None) -> float:
@@ -161,17 +197,16 @@ def warm_up_helpers(fn: Callable, count: int = 0, dask_worker: Any = None) -> fl
     if not count:
         state = getattr(dask_worker, "state", dask_worker)
         count = int(getattr(state, "nthreads", 1) or 1)
-    with _lock:
-        taken, _idle[:] = _idle[:count], _idle[count:]
-    helpers: list[Optional[_Helper]] = taken + [None] * (count - len(taken))  # None: start one
+    helpers = [_take() for _ in range(count)]  # each busy until its warm-up answers
     results: list = [None] * count
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
         try:
-            if helpers[i] is None:
-                helpers[i] = _Helper()
-            results[i] = helpers[i].call(fn, (), {})
+            ok, value = _call(helpers[i], fn, (), {})
+            if not ok:
+                raise value
+            results[i] = value
         except BaseException as e:  # noqa: BLE001 - re-raised below, in the caller's thread
             errors.append(e)
 
@@ -180,37 +215,51 @@ def warm_up_helpers(fn: Callable, count: int = 0, dask_worker: Any = None) -> fl
         t.start()
     for t in threads:
         t.join()
-    for h in helpers:
-        if h is not None and h.proc.poll() is not None:
-            h.stop()  # it died (its error is among `errors`): close its pipes
-    with _lock:
-        _idle.extend(h for h in helpers if h is not None and h.proc.poll() is None)
     if errors:
         raise errors[0]
     return max((r for r in results if isinstance(r, (int, float))), default=0.0)
 
 
 def stop_helpers() -> int:
-    """Stop this process's idle helpers (their memory goes back whole); how many were stopped."""
+    """Stop this process's helpers, their memory going back whole; how many were stopped. Idle ones
+    exit when their pipe closes; a busy one is still running a call whose step has ended (a task
+    cancelled after another failed), so it is killed, and its call raises HelperError."""
     with _lock:
-        helpers, _idle[:] = _idle[:], []
-    for h in helpers:
+        idle, busy = _idle[:], list(_busy)
+        _idle.clear()
+    for h in busy:
+        h.kill()
+    for h in idle:
         h.stop()
-    return len(helpers)
+    return len(idle) + len(busy)
 
 
 atexit.register(stop_helpers)
 
 
-def _serve(requests: int, answers: int) -> None:
-    """A helper's loop: run each pickled (fn, args, kwargs) and answer (True, result) or (False,
-    the exception); exit when the request pipe closes (the parent stopped it, or died). Ctrl-C is
-    the parent's to handle: a terminal sends it to the helpers too."""
+def _serve(requests: int, answers: int, parent: int) -> None:
+    """A helper's loop: run each pickled (fn, args, kwargs) and answer (True, result) or (False, the
+    exception, with its traceback as a note); exit when the request pipe closes (the parent stopped
+    it), and, from a watchdog thread, as soon as the parent is gone, even in the middle of a call
+    (its files would be written for nobody). Ctrl-C is the parent's to handle: a terminal sends it
+    to the helpers too."""
+    import time
+    import traceback
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    whole, path = _read_message(requests)
-    if whole:
-        sys.path[:] = path
-    while whole:
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(OOM_SCORE_ADJ))
+    except OSError:
+        pass  # not Linux, or not allowed: the worker stays as exposed as the helper
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+    while True:
         try:
             whole, request = _read_message(requests)
         except Exception as e:  # noqa: BLE001 - a request that does not unpickle here (a module it cannot import)
@@ -222,6 +271,10 @@ def _serve(requests: int, answers: int) -> None:
         try:
             answer: tuple = (True, fn(*args, **kwargs))
         except BaseException as e:  # noqa: BLE001 - it goes back to the caller, which raises it
+            if not isinstance(e, Exception):  # SystemExit, KeyboardInterrupt: not the worker's to raise
+                e = RuntimeError(f"{type(e).__name__} in the helper: {e}")
+            if hasattr(e, "add_note"):  # Python 3.11+
+                e.add_note("in the helper process:\n" + "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip())
             try:
                 pickle.loads(pickle.dumps(e))
                 answer = (False, e)
@@ -231,4 +284,4 @@ def _serve(requests: int, answers: int) -> None:
             _write_message(answers, answer)
         except Exception as e:  # noqa: BLE001 - a result that does not pickle
             _write_message(answers, (False, RuntimeError(f"the helper's result could not be sent back: {e}")))
-    os._exit(0)  # the request pipe closed; skip MindSpore's interpreter teardown: nothing is left to say
+    os._exit(0)  # skip MindSpore's interpreter teardown: nothing is left to say

@@ -10,6 +10,7 @@ so the manifest carries a sha256 per file and a hash of the rows as meant to be 
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
@@ -49,6 +50,9 @@ class ShardPlan:
         return divmod(index, self.files_per_rank)
 
 
+MAX_FILES_PER_RANK = 1 << 10  # what shard.files_per_rank allows, and what a sample cap may raise it to
+
+
 def plan_shards(total_windows: int, ranks: int, files_per_rank: int, remainder: str = "drop",
                 max_samples_per_file: int = 0) -> ShardPlan:
     """Equal samples per rank; files of a rank differ by at most one sample.
@@ -66,6 +70,10 @@ def plan_shards(total_windows: int, ranks: int, files_per_rank: int, remainder: 
         raise ShardError(f"only {total_windows} samples for {ranks} ranks: padding would repeat samples more than once")
     if max_samples_per_file > 0 and per_rank > files_per_rank * max_samples_per_file:
         files_per_rank = -(-per_rank // max_samples_per_file)
+        if files_per_rank > MAX_FILES_PER_RANK:  # every reader opens every file: keep within open-file limits
+            raise ShardError(f"{per_rank} samples per rank in files of at most {max_samples_per_file} samples would need "
+                             f"{files_per_rank} files per rank, more than {MAX_FILES_PER_RANK}: raise "
+                             "shard.max_samples_per_file or shard.ranks")
     if per_rank < files_per_rank:
         raise ShardError(
             f"only {total_windows} samples for {ranks} ranks x {files_per_rank} files: every file needs at least "
@@ -85,6 +93,16 @@ def positions(total_windows: int, seed: int) -> np.ndarray:
     perm = np.random.default_rng(seed).permutation(total_windows)
     inv = np.empty(total_windows, dtype=np.int64)
     inv[perm] = np.arange(total_windows, dtype=np.int64)
+    return inv
+
+
+@functools.lru_cache(maxsize=1)
+def _kept_positions(total_windows: int, seed: int) -> np.ndarray:
+    """`positions`, kept for the next file of the same shards in this process (a writer helper writes
+    a step's files one after another): with many capped files per rank, recomputing the corpus's
+    permutation per file would cost more than writing it. Read-only, as it is shared."""
+    inv = positions(total_windows, seed)
+    inv.flags.writeable = False
     return inv
 
 
@@ -281,13 +299,13 @@ def gather_and_write(parts: list[str], counts: list[int], seed: int, start: int,
                      window: int, write_batch: int, labels: bool, verify: str) -> dict[str, Any]:
     """One output file's task: pick its windows (positions start..end-1) out of the memory-mapped
     packed parts and write them, SHARD_CHUNK_BYTES of ids at a time. The seeded permutation is
-    recomputed here (milliseconds) rather than shipped as a shared input, which would pull every
-    task to the worker holding it."""
+    computed here (once per process: `_kept_positions`) rather than shipped as a shared input, which
+    would pull every task to the worker holding it."""
     import time
 
     started = time.perf_counter()
     total = int(sum(counts))
-    inv = positions(total, seed)
+    inv = _kept_positions(total, seed)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     slices = [inv[offsets[i]:offsets[i + 1]] for i in range(len(parts))]
     step = max(1, SHARD_CHUNK_BYTES // (4 * window * write_batch)) * write_batch

@@ -57,6 +57,75 @@ def test_a_helper_killed_during_a_call_is_a_clear_error_and_the_next_call_gets_a
         isolated.stop_helpers()
 
 
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie: exited, and not yet reaped by its parent."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _sleep(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+def test_a_helper_that_died_while_idle_is_replaced_and_stop_ends_busy_ones_too():
+    import threading
+
+    try:
+        idle = isolated.call_in_helper(_pid_and_parent)[0]
+        os.kill(idle, signal.SIGKILL)  # as the OOM killer would, between two calls
+        isolated._idle[0].proc.wait()  # all of it gone (a killed process's threads end one by one)
+        assert isolated.call_in_helper(_pid_and_parent)[0] != idle
+
+        raised: list = []
+        busy = threading.Thread(target=lambda: raised.append(pytest.raises(isolated.HelperError, isolated.call_in_helper,
+                                                                           _sleep, 600)))
+        busy.start()
+        while not isolated._busy:  # the call has taken its helper
+            busy.join(0.05)
+        assert not isolated._idle and isolated.stop_helpers() == 1  # the one still sleeping: killed
+        busy.join(60)
+        assert not busy.is_alive() and raised and "SIGKILL" in str(raised[0].value)
+    finally:
+        isolated.stop_helpers()
+
+
+_ORPHAN = """
+import sys, threading, time
+from corpusmill.pipeline import isolated
+threading.Thread(target=isolated.call_in_helper, args=(time.sleep, 600), daemon=True).start()
+while not isolated._busy:
+    time.sleep(0.05)
+print(next(iter(isolated._busy)).proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_helper_ends_when_its_parent_is_killed_in_the_middle_of_a_call():
+    import subprocess
+    import time
+
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN], stdout=subprocess.PIPE, text=True)
+    try:
+        helper = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 120  # the watchdog looks every second; generous for a busy machine
+        while time.monotonic() < deadline:
+            if _exited(helper):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the helper outlived its parent")
+    finally:
+        parent.kill()
+
+
 def _write_one_file(path: str) -> dict:
     rng = np.random.default_rng(0)
     windows = shard.Windows(np.arange(40), rng.integers(0, 1000, (40, 9), dtype=np.int32), np.zeros(40, np.int32))

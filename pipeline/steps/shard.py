@@ -133,7 +133,8 @@ class ShardStep(Step):
         val_docs = chosen.held_out if chosen is not None and chosen.held_out is not None and len(chosen.held_out.length) \
             else None
         if val_parts or val_docs is not None:
-            # one rank, one file (one Megatron pair, or one per source): any rank may evaluate on all of it
+            # one rank, one file unless shard.max_samples_per_file needs more (one Megatron pair, or one per
+            # source): any rank may evaluate on all of it
             vc = sc.model_copy(update={"ranks": 1, "files_per_rank": 1, "layout": "per_rank", "remainder": "drop"})
             stats["validation"] = self._write_validation(ctx, val_parts, validation, vc, val_docs,
                                                          chosen.pairs if chosen is not None else [])
