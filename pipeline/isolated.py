@@ -82,6 +82,8 @@ class _Helper:
         finally:
             os.close(to_child)
             os.close(from_child)
+        self._fds: tuple[int, ...] = (self._requests, self._answers)
+        self._closing = threading.Lock()
 
     def call(self, fn: Callable, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         """(True, result) or (False, the exception it raised), from a whole answer; HelperError when
@@ -114,13 +116,19 @@ class _Helper:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self) -> None:
-        """Close its pipes (an idle helper exits at once) and reap it."""
-        for fd in (self._requests, self._answers):
+    def _close_pipes(self) -> None:
+        """Once only: a closed descriptor's number may already belong to another file."""
+        with self._closing:
+            fds, self._fds = self._fds, ()
+        for fd in fds:
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+    def stop(self) -> None:
+        """Close its pipes (an idle helper exits at once) and reap it."""
+        self._close_pipes()
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -133,6 +141,7 @@ class _Helper:
         except OSError:
             pass
         self.proc.wait()
+        self._close_pipes()
 
 
 def _has_fileno(stream: Any) -> bool:
@@ -227,8 +236,11 @@ def stop_helpers() -> int:
     with _lock:
         idle, busy = _idle[:], list(_busy)
         _idle.clear()
-    for h in busy:
-        h.kill()
+    for h in busy:  # its calling thread sees the pipe close, reaps it and closes its end
+        try:
+            h.proc.kill()
+        except OSError:
+            pass
     for h in idle:
         h.stop()
     return len(idle) + len(busy)
