@@ -30,7 +30,7 @@ class ConfigError(ValueError):
 MAX_SEQ_LENGTH = 1 << 20  # 1,048,576 tokens per sample (a sample holds seq_length + 1 int32 ids)
 MAX_VOCAB = 1 << 22  # 4,194,304 ids: 16x the largest vocabularies in use; ids are int32 in pack/MindRecord
 MAX_RANKS = 1 << 16  # 65,536 data-parallel ranks
-MAX_FILES_PER_RANK = 1 << 10  # 1,024 MindRecord files per rank (stages.shard refuses a sample cap that needs more)
+MAX_FILES_PER_RANK = 1 << 10  # 1,024 MindRecord files per rank, also what a sample cap may raise it to
 MAX_PART_MB = 1 << 14  # 16 GiB of text in one partition (a partition is held in one worker's memory)
 MAX_BLOCK_MB = 1 << 16  # 64 GiB read blocks
 MAX_MEMORY_MB = 1 << 20  # 1 TiB

@@ -119,8 +119,7 @@ def plan_resources(cfg: Any, input_bytes: int, *, workers: Optional[int] = None,
     part = min(part, max(text, 1))  # a small corpus is one small partition
     threads = cfg.cluster.threads_per_worker
     tokens = int(text * TOKENS_PER_TEXT_BYTE)
-    files = max(1, cfg.shard.ranks * cfg.shard.files_per_rank)
-    from corpusmill.stages.shard import SHARD_CHUNK_BYTES
+    from corpusmill.stages.shard import SHARD_CHUNK_BYTES, capped_files_per_rank
 
     from .steps.tokenize import PACK_GROUP_TOKENS, TOKENIZE_SLICE_MB
 
@@ -136,10 +135,10 @@ def plan_resources(cfg: Any, input_bytes: int, *, workers: Optional[int] = None,
     peaks.append(Peak("pack", WORKER_BASE + threads * group * PACK_BYTES_PER_GROUP_ID, "cluster.threads_per_worker"))
     windows = tokens // (cfg.pack.seq_length + 1) + 1
     per_rank = max(1, windows // max(1, cfg.shard.ranks))
-    per_file = -(-per_rank // cfg.shard.files_per_rank)
-    if cfg.shard.max_samples_per_file:  # the writer opens more files rather than hold more in one
-        per_file = min(per_file, cfg.shard.max_samples_per_file)
-    files = max(files, cfg.shard.ranks * -(-per_rank // per_file))
+    # the writer opens more files rather than hold more in one
+    files_per_rank = capped_files_per_rank(per_rank, cfg.shard.files_per_rank, cfg.shard.max_samples_per_file)
+    files = cfg.shard.ranks * files_per_rank
+    per_file = -(-per_rank // files_per_rank)
     held = min(SHARD_CHUNK_BYTES, 4 * tokens // files)  # a file is gathered and written a chunk at a time
     carried = max(peaks, key=lambda p: p.bytes)  # the worker's floor beside its helpers comes from this step
     floor = WORKER_BASE + int(FLOOR_SHARE * (carried.bytes - WORKER_BASE))

@@ -50,11 +50,15 @@ class ShardPlan:
         return divmod(index, self.files_per_rank)
 
 
-MAX_FILES_PER_RANK = 1 << 10  # what shard.files_per_rank allows, and what a sample cap may raise it to
+def capped_files_per_rank(per_rank: int, files_per_rank: int, max_samples_per_file: int) -> int:
+    """`files_per_rank`, or more when its files would hold more than `max_samples_per_file` (0: no cap)."""
+    if max_samples_per_file > 0 and per_rank > files_per_rank * max_samples_per_file:
+        return -(-per_rank // max_samples_per_file)
+    return files_per_rank
 
 
 def plan_shards(total_windows: int, ranks: int, files_per_rank: int, remainder: str = "drop",
-                max_samples_per_file: int = 0) -> ShardPlan:
+                max_samples_per_file: int = 0, max_files_per_rank: int = 0) -> ShardPlan:
     """Equal samples per rank; files of a rank differ by at most one sample.
 
     The `total % ranks` windows that do not divide evenly are dropped (`drop`), or the ranks are
@@ -62,18 +66,20 @@ def plan_shards(total_windows: int, ranks: int, files_per_rank: int, remainder: 
     PyTorch's distributed samplers do), so no real data is lost and no sample is made of padding.
     With `max_samples_per_file`, a rank gets more files than `files_per_rank` when its files would
     hold more: MindRecord's `FileWriter.commit` builds a file's index in memory (about 1.3 KB a
-    sample), so the cap is what keeps a writer's memory flat as the corpus grows."""
+    sample), so the cap is what keeps a writer's memory flat as the corpus grows; a cap that needs
+    more than `max_files_per_rank` files (0: no limit) is refused."""
     if remainder not in ("drop", "pad"):
         raise ShardError(f"unknown remainder policy {remainder!r}: use 'drop' or 'pad'")
     per_rank = total_windows // ranks if remainder == "drop" else -(-total_windows // ranks)
     if remainder == "pad" and total_windows and per_rank * ranks - total_windows > total_windows:
         raise ShardError(f"only {total_windows} samples for {ranks} ranks: padding would repeat samples more than once")
-    if max_samples_per_file > 0 and per_rank > files_per_rank * max_samples_per_file:
-        files_per_rank = -(-per_rank // max_samples_per_file)
-        if files_per_rank > MAX_FILES_PER_RANK:  # every reader opens every file: keep within open-file limits
-            raise ShardError(f"{per_rank} samples per rank in files of at most {max_samples_per_file} samples would need "
-                             f"{files_per_rank} files per rank, more than {MAX_FILES_PER_RANK}: raise "
-                             "shard.max_samples_per_file or shard.ranks")
+    capped = capped_files_per_rank(per_rank, files_per_rank, max_samples_per_file)
+    if capped != files_per_rank and max_files_per_rank and capped > max_files_per_rank:
+        # every reader opens every file: keep within open-file limits
+        raise ShardError(f"{per_rank} samples per rank in files of at most {max_samples_per_file} samples would need "
+                         f"{capped} files per rank, more than {max_files_per_rank}: raise "
+                         "shard.max_samples_per_file or shard.ranks")
+    files_per_rank = capped
     if per_rank < files_per_rank:
         raise ShardError(
             f"only {total_windows} samples for {ranks} ranks x {files_per_rank} files: every file needs at least "

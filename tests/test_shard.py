@@ -29,7 +29,7 @@ def test_a_sample_cap_gives_a_rank_more_files_and_their_names_sort_in_file_order
     assert names[5] == "rank-0000/corpus-r0000-f005.mindrecord"
     assert file_name("per_rank", 1, 5, 4, 2) == "rank-0001/corpus-r0001-f05.mindrecord"  # as before, up to 100
     with pytest.raises(ShardError, match="2000 files per rank, more than 1024: raise shard.max_samples_per_file"):
-        plan_shards(2_000_000, ranks=1, files_per_rank=1, max_samples_per_file=1000)
+        plan_shards(2_000_000, ranks=1, files_per_rank=1, max_samples_per_file=1000, max_files_per_rank=1024)
 
 
 def test_positions_are_a_seeded_permutation():

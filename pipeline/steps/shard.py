@@ -20,7 +20,7 @@ from corpusmill.stages import manifest, megatron, pack, shard
 from corpusmill.stages.base import write_json_atomic, write_table_atomic, write_text_atomic
 
 from .. import __version__, isolated
-from ..config import Config, ShardConfig
+from ..config import MAX_FILES_PER_RANK, Config, ShardConfig
 from ..progress import utc_now
 from ..rundir import SHARDS_STAGING, VALIDATION_SHARDS
 from ..step import PipelineError, Step, StepContext, StepResult
@@ -178,7 +178,8 @@ class ShardStep(Step):
         counts = [shard.count_windows(p) for p in parts]
         total = int(sum(counts))
         try:
-            plan = shard.plan_shards(total, sc.ranks, sc.files_per_rank, sc.remainder, sc.max_samples_per_file)
+            plan = shard.plan_shards(total, sc.ranks, sc.files_per_rank, sc.remainder, sc.max_samples_per_file,
+                                     MAX_FILES_PER_RANK)
         except shard.ShardError as e:
             raise PipelineError(str(e)) from None
         if plan.files_per_rank != sc.files_per_rank:
