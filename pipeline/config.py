@@ -92,6 +92,11 @@ class InputConfig(_Section):
     on_error: Literal["quarantine", "fail"] = Field(
         "quarantine", description="A malformed record or damaged file: quarantine it (with file, line and reason) and "
         "go on, or stop the run at the first one with the same message (a strict run).")
+    max_record_mb: float = Field(
+        16, gt=0, le=MAX_PART_MB, description="The largest record read (a JSONL line, a Parquet text value, a .txt or "
+        ".html file, a WARC record's body), in MiB: a larger one is quarantined at read with its size (reason "
+        "record_too_large) before any step holds it, so one hostile record cannot cost a worker more than a bounded "
+        "multiple of this. Raise it for corpora of very long documents (a long book is 1-5 MiB).")
 
 
 class NormalizeConfig(_Section):
@@ -579,6 +584,13 @@ class TokenizerConfig(_Section):
     max_unk_rate: float = Field(
         0.01, ge=0, le=1, description="Refuse the tokenizer when more of a sample's tokens than this are <unk>."
     )
+    fast_encode: bool = Field(True, description="Encode through the exact piece cache (each whitespace-led piece "
+                              "encoded once by the tokenizer itself, its ids reused) where the model's settings allow "
+                              "it; false, or a model whose settings it cannot reproduce (the log says why): the plain "
+                              "encoder.")
+    verify_sample: int = Field(32, ge=0, le=1 << 20, description="Documents of each part (a seeded sample) encoded again "
+                               "by the plain encoder and compared with the fast path's ids; any difference fails the run. "
+                               "0: no check.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "TokenizerConfig":
