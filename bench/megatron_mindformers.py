@@ -2,7 +2,7 @@
 
     # 1. in the project's venv: two runs on a few MB of real text
     .venv/bin/python bench/megatron_mindformers.py make /tmp/i14/corpus /tmp/mfcheck --mb 3
-    # 2. in a SEPARATE venv holding mindformers (never the project's): see bench/README.md
+    # 2. in a SEPARATE venv holding mindformers (never the project's): see docs/history/benchmark-passes.md, "Megatron pairs read by mindformers"
     /tmp/mf/bin/python bench/megatron_mindformers.py check /tmp/mfcheck
 
 `make` runs `corpusmill run` twice on about --mb MB of English and Chinese documents (an equal share

@@ -4,7 +4,7 @@ A run directory (`corpusmill run/dedup --out DIR`) holds one folder per step (`0
 `shards/`), each with its Parquet/Arrow parts, a `removed/` folder of audit rows and a `_DONE.json`
 completion marker written last; beside them `config.yaml`, `progress.json`, `ledger.json`,
 `report.md`. Everything that names one of these paths asks this module, so the service can read a
-run's status without importing Dask or a stage (see docs/ARCHITECTURE.md, "The run directory").
+run's status without importing Dask or a stage (see docs/architecture.md, "The run directory").
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ outputs later steps may read. The runner calls `Step.execute` with a `StepContex
 step exactly what it may use: the config, the run directory, the Dask client behind `map_parts`,
 `run` and `compute` (all of which report progress), a log, and the finished results of earlier
 steps, read-only. Kernels (`stages/`) never see any of this: a step wires them over partitions.
-See docs/ARCHITECTURE.md.
+See docs/architecture.md.
 """
 from __future__ import annotations
 

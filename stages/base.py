@@ -3,7 +3,7 @@ atomic Parquet/Arrow I/O.
 
 A kernel (everything in `stages/`) never knows about Dask or about other steps: it works on one
 partition (a pandas or Arrow batch, one file) and returns stats; the steps in `pipeline/steps/`
-map it over partitions and merge the stats (see docs/ARCHITECTURE.md).
+map it over partitions and merge the stats (see docs/architecture.md).
 """
 from __future__ import annotations
 

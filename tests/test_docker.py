@@ -1,4 +1,4 @@
-"""The deploy files (Docker cannot build here): their commands parse, their pins match pyproject's, and the\nREADME's Docker commands name files, images, ports and routes that exist."""
+"""The deploy files (Docker cannot build here): their commands parse, their pins match pyproject's, and the\ndeploy page's Docker commands (docs/deploy.md) name files, images, ports and routes that exist."""
 from __future__ import annotations
 
 import fnmatch
@@ -99,8 +99,8 @@ def test_the_dask_commands_of_compose_use_flags_this_dask_has():
 
 
 def _readme_docker_commands() -> list[list[str]]:
-    """The shell lines of the README's Docker section, split as the shell splits them (comments dropped)."""
-    section = (ROOT / "README.md").read_text().split("### Deploy with Docker", 1)[1]
+    """The shell lines of the deploy page's Docker section, split as the shell splits them (comments dropped)."""
+    section = (ROOT / "docs" / "deploy.md").read_text().split("## Deploy with Docker", 1)[1].split("\n## ", 1)[0]
     section = re.split(r"\n#{2,3} ", section, maxsplit=1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
@@ -108,7 +108,7 @@ def _readme_docker_commands() -> list[list[str]]:
 
 def _readme_command(*prefix: str) -> list[str]:
     found = [argv for argv in _readme_docker_commands() if argv[: len(prefix)] == list(prefix)]
-    assert len(found) == 1, f"the README's Docker section should show one `{' '.join(prefix)}`"
+    assert len(found) == 1, f"the deploy page's Docker section should show one `{' '.join(prefix)}`"
     return found[0]
 
 
@@ -145,7 +145,7 @@ def _compose() -> dict:
 
 def test_readme_docker_build_builds_this_dockerfile_as_compose_image_from_a_context_holding_what_it_copies():
     options, positional = _options(_readme_command("docker", "build")[2:], {"-f", "-t"})
-    context = (ROOT / positional[0]).resolve()  # the README runs it from the repository root
+    context = (ROOT / positional[0]).resolve()  # the deploy page runs it from the repository root
     dockerfile = (ROOT / options["-f"]).resolve()
     assert dockerfile == (DOCKER / "Dockerfile").resolve()
     image = _compose()["x-image"]  # the image every compose service runs
