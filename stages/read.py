@@ -453,6 +453,9 @@ class ReadOptions:
     # filter.language.enabled: {max_chars, normalize (the normalize config)}: the `language` column is then the
     # fastText model's code, identified on the normalised start of each text, with `language_score`
     language: Optional[dict] = None
+    # input.max_record_mb: a larger record (a JSONL line, a Parquet text value, a .txt / .html file, a WARC
+    # record's block) is quarantined as record_too_large without being held whole; None: no bound
+    max_record_bytes: Optional[int] = 16 << 20
 
     def sampled(self, uid: int) -> bool:
         return self.sample >= 1.0 or in_sample(uid, self.sample, self.sample_seed)
@@ -838,45 +841,59 @@ def _read_warc(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink
     """A WARC file: each HTML response record a document (its "line" is its number among them, its
     byte offset in `record_offset`); the id is the URL; meta holds url, crawl_date, encoding and
     warc_record_id. Other records are counted in stats warc_records_skipped. A record that cannot be
-    decoded is quarantined with its offset; a damaged file ends as lost input after the last good record."""
-    from .html import TruncatedWarc, _content_decode, iter_warc
+    decoded, whose HTTP headers never end, or larger than max_record_bytes is quarantined with its
+    offset; a damaged span (corrupt gzip member, bytes that are no record, a cut-off end) is one
+    lost-input row with its byte range, and reading goes on at the next record that reads."""
+    from .html import WarcDamage, _content_decode, iter_warc_records
 
-    base, n, offset = seg.file_index << 32, 0, 0
+    base, n = seg.file_index << 32, 0
     skipped: dict[str, int] = stats.setdefault("warc_records_skipped", {})
-    pages = iter_warc(seg.path, skipped)
-    while True:
-        try:
-            page = next(pages)
-        except StopIteration:
-            break
-        except TruncatedWarc as e:
-            sink.add(_lost_input(seg, n, _Damage("truncated_stream", f"WARC file cut off: {e}", e.offset)))
-            break
-        except Exception as e:  # noqa: BLE001 - a corrupt file: the rest is lost input
-            sink.add(_lost_input(seg, n, _Damage("corrupt_stream", f"WARC file cannot be read past record {n}: {e}",
-                                                 offset)))
-            break
-        offset = page.offset
-        n += 1
-        uid = base | n
-        if not opts.sampled(uid):
-            stats["not_sampled"] += 1
-            continue
-        stats["docs_in"] += 1
-        stats["bytes_in"] += len(page.body)
-        try:
-            body = _content_decode(page.body, page.content_encoding)
-            text, meta, problem = _page_document(body, page.charset)
-        except ValueError as e:
-            text, meta, problem = None, {}, str(e)
-        if problem is not None:
-            sink.add(_Quarantine(seg.path, n, uid, "undecodable_html", f"record at byte offset {page.offset} "
-                                 f"({page.url}): {problem}", page.body, extra={"record_offset": page.offset}))
-            continue
-        meta = {"url": page.url, "crawl_date": page.date, **meta, "warc_record_id": page.record_id,
-                "record_offset": page.offset}
-        writer.add(uid, page.url or f"{display_path(seg.path)}:{n}", text, _default_source(seg.path),
-                   json.dumps(meta, ensure_ascii=False))
+    try:
+        items = iter_warc_records(seg.path, skipped, opts.max_record_bytes)
+        for item in items:
+            n += 1
+            if isinstance(item, WarcDamage):
+                sink.add(_warc_lost(seg, n, item))
+                continue
+            page = item
+            uid = base | n
+            if not opts.sampled(uid):
+                stats["not_sampled"] += 1
+                continue
+            stats["docs_in"] += 1
+            stats["bytes_in"] += page.size if page.problem else len(page.body)
+            if page.problem is not None:
+                code, reason = page.problem
+                sink.add(_Quarantine(seg.path, n, uid, code, reason, page.body,
+                                     extra={"record_offset": page.offset, "bytes": page.size}))
+                continue
+            try:
+                body = _content_decode(page.body, page.content_encoding)
+                text, meta, problem = _page_document(body, page.charset)
+            except ValueError as e:
+                text, meta, problem = None, {}, str(e)
+            if problem is not None:
+                sink.add(_Quarantine(seg.path, n, uid, "undecodable_html", f"record at byte offset {page.offset} "
+                                     f"({page.url}): {problem}", page.body, extra={"record_offset": page.offset}))
+                continue
+            meta = {"url": page.url, "crawl_date": page.date, **meta, "warc_record_id": page.record_id,
+                    "record_offset": page.offset}
+            writer.add(uid, page.url or f"{display_path(seg.path)}:{n}", text, _default_source(seg.path),
+                       json.dumps(meta, ensure_ascii=False))
+    except OSError as e:
+        sink.add(_lost_input(seg, n, _Damage("unreadable_file", f"cannot read: {e.strerror or e}", 0)))
+
+
+def _warc_lost(seg: Segment, n: int, d: Any) -> _Quarantine:
+    """The lost-input row of a damaged WARC span: its byte range, and whether reading went on after it."""
+    size = _file_size(seg.path)
+    after = (f"reading resumed at the record at byte {d.end:,}" if d.end < size else "the file ends there")
+    partial = f"; {d.partial_bytes:,} bytes of the record cut off were read and dropped" if d.partial_bytes else ""
+    reason = (f"WARC file damaged: {d.detail}: bytes {d.offset:,}-{d.end:,} ({d.end - d.offset:,} of {size:,}) hold no "
+              f"readable record, {after}{partial}")
+    return _Quarantine(seg.path, n, (seg.file_index << 32) | n, d.code, reason, d.partial, documents=0,
+                       extra={"after_line": n - 1, "lost_bytes": d.end - d.offset, "partial_bytes": d.partial_bytes,
+                              "record_offset": d.offset, "end_offset": d.end})
 
 
 def _column_values(column: pa.ChunkedArray) -> tuple[list, dict[int, str]]:
