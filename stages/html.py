@@ -37,11 +37,22 @@ class UndecodablePage(ValueError):
     """The page's bytes are not text in any charset it declares or that detection finds."""
 
 
+# codecs Python has that no web page is in: they "decode" ASCII markup into other text (UTF-7's +...-,
+# escapes) or are no charset at all; a page declaring one is decided by detection
+_NOT_CHARSETS = {"utf-7", "unicode-escape", "raw-unicode-escape", "punycode", "idna", "undefined", "palmos"}
+_WIDE = {"utf-16": 2, "utf-16-le": 2, "utf-16-be": 2, "utf-32": 4, "utf-32-le": 4, "utf-32-be": 4}
+
+
 def _codec(name: str) -> Optional[str]:
+    """The Python text codec of a charset name; None for unknown names and for codecs that are no
+    charset (rot13, base64, zlib: `bytes.decode` refuses them; utf-7, unicode_escape ...)."""
     try:
-        return codecs.lookup(name).name
-    except LookupError:
+        info = codecs.lookup(name)
+    except (LookupError, ValueError, TypeError):
         return None
+    if not getattr(info, "_is_text_encoding", True) or info.name in _NOT_CHARSETS:
+        return None
+    return info.name
 
 
 def _candidates(name: str) -> list[str]:
@@ -93,6 +104,57 @@ def not_text(text: str) -> Optional[str]:
     return None
 
 
+def _utf32(body: bytes) -> Optional[str]:
+    """UTF-32 without a byte-order mark, told by its zero bytes (ASCII markup: three of four bytes are 0)."""
+    head = body[:META_SCAN_BYTES]
+    quarter = len(head) // 4
+    if quarter < 16:
+        return None
+    zeros = [head[k::4].count(0) for k in range(4)]
+    if min(zeros[1:]) > 0.3 * quarter and zeros[0] < 0.05 * quarter:
+        return "utf-32-le"
+    if min(zeros[:3]) > 0.3 * quarter and zeros[3] < 0.05 * quarter:
+        return "utf-32-be"
+    return None
+
+
+def _wide_codec(codec: str, body: bytes) -> Optional[str]:
+    """A declared UTF-16 / UTF-32 is believed only when the bytes bear it out: a byte-order mark, or the
+    zero bytes of ASCII markup in that width (then their order tells the byte order). UTF-16 decodes any
+    even-length body "strictly", so a UTF-8 page declared UTF-16 would read as CJK-looking garbage."""
+    if body.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)) and _WIDE[codec] == 4:
+        return "utf-32"
+    if body.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) and _WIDE[codec] == 2:
+        return "utf-16"
+    return _utf16(body) if _WIDE[codec] == 2 else _utf32(body)
+
+
+MIN_UTF8_EVIDENCE = 4  # non-ASCII bytes in a body that is valid UTF-8: then UTF-8 it is, whatever is declared
+_ASCII = bytes(range(128))
+
+
+def _valid_utf8(body: bytes) -> Optional[str]:
+    """The body as UTF-8 when it is valid UTF-8 holding non-ASCII characters: bytes of another charset
+    almost never are (GBK, Big5, Shift_JIS, cp1252 with accents all break UTF-8's rules within a few
+    characters), while a UTF-8 page declared as one of them would decode into mojibake."""
+    if len(body.translate(None, _ASCII)) < MIN_UTF8_EVIDENCE:  # what is left without the ASCII bytes
+        return None
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+# terminal escape sequences (a log or console capture saved as a page): CSI (ESC [ ... final byte), OSC
+# (ESC ] ... BEL or ESC \\), and the two-byte ESC sequences; removed from the decoded text
+_TERMINAL_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][0-9A-Za-z]|\x1b[@-_=>]")
+
+
+def strip_terminal_escapes(text: str) -> str:
+    """`text` without ANSI terminal escape sequences (colours, titles, cursor moves)."""
+    return _TERMINAL_ESCAPES.sub("", text) if "\x1b" in text else text
+
+
 def _utf16(body: bytes) -> Optional[str]:
     """UTF-16 without a byte-order mark, told by its zero bytes (ASCII markup: every other byte is 0)."""
     head = body[:META_SCAN_BYTES]
@@ -107,24 +169,44 @@ def _utf16(body: bytes) -> Optional[str]:
     return None
 
 
+def _try(body: bytes, codec: str) -> Optional[str]:
+    """The body decoded strictly with `codec`, terminal escapes removed; None when it does not decode."""
+    try:
+        return strip_terminal_escapes(body.decode(codec))
+    except (UnicodeError, LookupError):  # LookupError: a codec that is no text encoding
+        return None
+
+
 def decode_page(body: bytes, declared: Optional[str] = None) -> tuple[str, str, str]:
     """(text, codec used, where the charset came from: header | bom | meta | detected).
 
-    A charset is taken when the body decodes strictly with it *and* the result is text (`not_text`):
-    a declared charset that fails either way leaves the choice to detection (UTF-16 without a BOM
-    first, then Resiliparse's); when no candidate gives text, UndecodablePage says why."""
+    A charset is taken when the body decodes strictly with it *and* the result is text (`not_text`,
+    after removing terminal escape sequences): a declared charset that fails either way leaves the
+    choice to detection (UTF-16 without a BOM first, then Resiliparse's); when no candidate gives text,
+    UndecodablePage says why. Declarations the bytes disprove are not believed: UTF-16 / UTF-32 without
+    a BOM or the zero bytes of wide ASCII markup, and any other charset on a body that is valid UTF-8
+    with non-ASCII characters (then UTF-8 decides, as detected)."""
     tried: list[str] = []
     garbled: Optional[tuple[str, str]] = None  # the first codec that decoded, and why its text is not text
     for source, name in (("header", declared), ("bom", _bom(body)), ("meta", meta_charset(body))):
         if not name:
             continue
-        for codec in _candidates(name):
+        candidates = _candidates(name)
+        if source != "bom" and candidates:
+            wide = [c for c in candidates if c in _WIDE]
+            if wide:
+                fits = _wide_codec(wide[0], body)
+                candidates = [fits] if fits else []  # the bytes do not bear it out: detection decides
+            elif "utf-8" not in candidates and "utf-8-sig" not in candidates:
+                text = _valid_utf8(body)
+                if text is not None and not_text(strip_terminal_escapes(text)) is None:
+                    return strip_terminal_escapes(text), "utf-8", "detected"
+        for codec in candidates:
             if codec in tried:
                 continue
             tried.append(codec)
-            try:
-                text = body.decode(codec)
-            except UnicodeDecodeError:
+            text = _try(body, codec)
+            if text is None:
                 continue
             problem = not_text(text)
             if problem is None:
@@ -135,15 +217,17 @@ def decode_page(body: bytes, declared: Optional[str] = None) -> tuple[str, str, 
 
     detected = detect_encoding(body)
     last: Optional[UnicodeDecodeError] = None
-    guess = _utf16(body)
+    guess = _utf16(body) or _utf32(body)
     for codec in ([guess] if guess else []) + _candidates(detected or "utf-8") + ["utf-8"]:
         if codec in tried:
             continue
         tried.append(codec)
         try:
-            text = body.decode(codec)
+            text = strip_terminal_escapes(body.decode(codec))
         except UnicodeDecodeError as e:
             last = e
+            continue
+        except (UnicodeError, LookupError):
             continue
         problem = not_text(text)
         if problem is None:
@@ -161,6 +245,8 @@ def decode_page(body: bytes, declared: Optional[str] = None) -> tuple[str, str, 
 def _bom(body: bytes) -> Optional[str]:
     if body.startswith(codecs.BOM_UTF8):
         return "utf-8-sig"
+    if body.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):  # before UTF-16: FF FE 00 00 starts both
+        return "utf-32"
     if body.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         return "utf-16"
     return None

@@ -319,26 +319,127 @@ def plan_units(files: list[str], block_size: int, part_size: int) -> tuple[list[
     return units, to_count
 
 
-def _iter_block_lines(f: io.BufferedReader, start: int, end: Optional[int]) -> Iterator[bytes]:
-    """Lines that *start* in [start, end): the owner of a line is the block holding its first byte."""
+@dataclass
+class _Oversize:
+    """A line longer than max_record_bytes, passed over in bounded pieces: its size (newline left out)
+    and its first bytes, the quarantine excerpt; the line itself was never held."""
+
+    size: int
+    head: bytes
+
+
+OVERSIZE_HEAD = SNIPPET_CHARS * 4  # bytes of an oversized record kept for its quarantine excerpt
+SKIP_PIECE = 1 << 20  # bytes read at a time while passing over an oversized line
+
+
+def _iter_block_lines(f: io.BufferedReader, start: int, end: Optional[int], limit: Optional[int] = None
+                      ) -> Iterator[Any]:
+    """Lines that *start* in [start, end): the owner of a line is the block holding its first byte.
+    A line longer than `limit` bytes is an _Oversize (read past in SKIP_PIECE pieces, never whole)."""
     if start > 0:
         f.seek(start - 1)
-        f.readline()  # finish the line that began before `start` (or consume the newline at start-1)
+        _skip_line(f)  # finish the line that began before `start` (or consume the newline at start-1)
     else:
         f.seek(0)
     while True:
         if end is not None and f.tell() >= end:
             return
-        line = f.readline()
+        line = f.readline() if limit is None else f.readline(limit + 1)
         if not line:
             return
+        if limit is not None and len(line) > limit and not line.endswith(b"\n"):
+            size = len(line)
+            while True:
+                piece = f.readline(SKIP_PIECE)
+                if not piece:
+                    break
+                size += len(piece)
+                if piece.endswith(b"\n"):
+                    size -= 1
+                    break
+            yield _Oversize(size, line[:OVERSIZE_HEAD])
+            continue
         yield line
 
 
+def _skip_line(f: io.BufferedReader) -> None:
+    while True:
+        piece = f.readline(SKIP_PIECE)
+        if not piece or piece.endswith(b"\n"):
+            return
+
+
 def count_block_lines(path: str, start: int, end: Optional[int]) -> int:
-    """How many lines start in [start, end) of a plain file (used to number lines of later blocks)."""
+    """How many lines start in [start, end) of a plain file (used to number lines of later blocks);
+    a long line is counted without being held."""
     with open(path, "rb") as f:
-        return sum(1 for _ in _iter_block_lines(f, start, end))
+        return sum(1 for _ in _iter_block_lines(f, start, end, SKIP_PIECE))
+
+
+class _Lines:
+    """Splits decoded bytes into lines; a line longer than `limit` becomes an _Oversize as soon as it
+    passes the bound (its rest dropped as it comes), so a stream never holds more than one bounded line."""
+
+    def __init__(self, limit: Optional[int]):
+        self.limit = limit
+        self.pending: list[bytes] = []
+        self.plen = 0
+        self.over: Optional[_Oversize] = None
+
+    def _checked(self, line: bytes) -> Any:
+        body = len(line) - line.endswith(b"\n")
+        if self.limit is not None and body > self.limit:
+            return _Oversize(body, line[:OVERSIZE_HEAD])
+        return line
+
+    def feed(self, out: bytes) -> Iterator[Any]:
+        if self.over is not None:
+            nl = out.find(b"\n")
+            if nl < 0:
+                self.over.size += len(out)
+                return
+            self.over.size += nl
+            yield self.over
+            self.over = None
+            out = out[nl + 1:]
+        nl = out.find(b"\n")
+        if nl < 0:
+            self._keep(out)
+            return
+        first = b"".join(self.pending) + out[:nl + 1] if self.pending else out[:nl + 1]
+        self.pending, self.plen = [], 0
+        yield self._checked(first)
+        cut = out.rfind(b"\n") + 1
+        if cut > nl + 1:
+            for line in io.BytesIO(out[nl + 1:cut]):
+                yield self._checked(line)
+        self._keep(out[cut:])
+
+    def _keep(self, rest: bytes) -> None:
+        if not rest:
+            return
+        if self.limit is not None and self.plen + len(rest) > self.limit:
+            head = (b"".join(self.pending) + rest[:OVERSIZE_HEAD])[:OVERSIZE_HEAD]
+            self.over = _Oversize(self.plen + len(rest), head)
+            self.pending, self.plen = [], 0
+            return
+        self.pending.append(rest)
+        self.plen += len(rest)
+
+    def finish(self) -> Iterator[Any]:
+        """The last line, when the stream does not end with a newline."""
+        if self.over is not None:
+            yield self.over
+        elif self.pending:
+            yield self._checked(b"".join(self.pending))
+        self.over, self.pending, self.plen = None, [], 0
+
+    def partial(self) -> tuple[bytes, int]:
+        """(first bytes, size) of the incomplete line held when the stream breaks off."""
+        if self.over is not None:
+            return self.over.head, self.over.size
+        joined = b"".join(self.pending)
+        return joined, len(joined)
 
 
 # ---- quarantine -------------------------------------------------------------------------------
@@ -488,7 +589,11 @@ class _Damage:
     code: str  # truncated_stream | corrupt_stream | unreadable_file
     detail: str
     offset: int  # compressed bytes read without error
-    partial: bytes = b""  # decoded bytes after the last complete line
+    partial: bytes = b""  # decoded bytes after the last complete line (the first of them, for a long one)
+    partial_size: Optional[int] = None  # how many there were (None: len(partial))
+
+    def partial_bytes(self) -> int:
+        return len(self.partial) if self.partial_size is None else self.partial_size
 
 
 class _Decoder:
@@ -543,12 +648,13 @@ class _Decoder:
         return not self.started
 
 
-def _stream_lines(path: str, kind: str, damage: list) -> Iterator[bytes]:
-    """The lines (with their newline) of a .gz / .zst file, decoded in bounded chunks; every
-    complete line before a damage is yielded, then the damage is appended to `damage`."""
+def _stream_lines(path: str, kind: str, damage: list, limit: Optional[int] = None) -> Iterator[Any]:
+    """The lines (with their newline) of a .gz / .zst file, decoded in bounded chunks; a line longer
+    than `limit` is an _Oversize; every complete line before a damage is yielded, then the damage is
+    appended to `damage`."""
     dec = _Decoder(kind)
     offset = 0
-    tail = b""
+    lines = _Lines(limit)
     head: Optional[bytes] = None
     try:
         f = open(path, "rb")
@@ -560,7 +666,7 @@ def _stream_lines(path: str, kind: str, damage: list) -> Iterator[bytes]:
             try:
                 chunk = f.read(STREAM_CHUNK)
             except OSError as e:
-                damage.append(_Damage("unreadable_file", f"read error: {e.strerror or e}", offset, tail))
+                damage.append(_Damage("unreadable_file", f"read error: {e.strerror or e}", offset, *lines.partial()))
                 return
             if not chunk:
                 break
@@ -570,25 +676,18 @@ def _stream_lines(path: str, kind: str, damage: list) -> Iterator[bytes]:
             try:
                 for out in dec.feed(chunk):
                     produced += len(out)
-                    buf = tail + out if tail else out
-                    cut = buf.rfind(b"\n") + 1
-                    if cut:
-                        yield from io.BytesIO(buf[:cut])
-                    tail = buf[cut:]
+                    yield from lines.feed(out)
             except Exception as e:  # noqa: BLE001 - zlib.error, ZstdError: the stream is corrupt from here
                 more, at = _salvage(path, kind, offset, chunk, produced)
-                buf = tail + more
-                cut = buf.rfind(b"\n") + 1
-                if cut:
-                    yield from io.BytesIO(buf[:cut])
-                damage.append(_Damage("corrupt_stream", _corrupt_detail(kind, head, e), at, buf[cut:]))
+                yield from lines.feed(more)
+                damage.append(_Damage("corrupt_stream", _corrupt_detail(kind, head, e), at, *lines.partial()))
                 return
             offset += len(chunk)
     if not dec.complete():
-        damage.append(_Damage("truncated_stream", "the stream ends before its end marker (truncated file)", offset, tail))
+        damage.append(_Damage("truncated_stream", "the stream ends before its end marker (truncated file)", offset,
+                              *lines.partial()))
         return
-    if tail:
-        yield tail
+    yield from lines.finish()
 
 
 def _salvage(path: str, kind: str, offset: int, chunk: bytes, already: int) -> tuple[bytes, int]:
@@ -634,14 +733,14 @@ def _lost_input(seg: Segment, line_no: int, dmg: _Damage) -> _Quarantine:
     size = _file_size(seg.path)
     lost_file = max(0, size - dmg.offset) if dmg.code != "truncated_stream" else 0
     if dmg.code == "truncated_stream":
-        reason = (f"{dmg.detail}: records after line {line_no} are lost; {len(dmg.partial):,} decoded bytes of an "
+        reason = (f"{dmg.detail}: records after line {line_no} are lost; {dmg.partial_bytes():,} decoded bytes of an "
                   f"incomplete record were dropped and the rest of the stream is missing from the file")
     else:
         reason = (f"{dmg.detail}: records after line {line_no} are lost; {lost_file:,} of {size:,} file bytes from "
                   f"byte {dmg.offset:,} on could not be read")
     return _Quarantine(seg.path, line_no + 1, (seg.file_index << 32) | (line_no + 1), dmg.code, reason, dmg.partial,
                        documents=0, extra={"after_line": line_no, "lost_bytes": lost_file,
-                                           "partial_bytes": len(dmg.partial)})
+                                           "partial_bytes": dmg.partial_bytes()})
 
 
 def _file_size(path: str) -> int:
@@ -728,10 +827,10 @@ def _read_jsonl(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sin
         except OSError as e:
             sink.add(_lost_input(seg, line_no, _Damage("unreadable_file", f"cannot open: {e.strerror or e}", 0)))
             return
-        lines = _iter_block_lines(f, seg.start, seg.end)
+        lines = _iter_block_lines(f, seg.start, seg.end, opts.max_record_bytes)
     else:
         f = None
-        lines = _stream_lines(seg.path, seg.kind, damage)
+        lines = _stream_lines(seg.path, seg.kind, damage, opts.max_record_bytes)
     try:
         while True:
             try:
@@ -744,6 +843,15 @@ def _read_jsonl(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sin
             line_no += 1
             if line_no >= MAX_LINES_PER_FILE:
                 raise InputError(f"{display_path(seg.path)}: more than {MAX_LINES_PER_FILE - 1} lines; split the file")
+            if isinstance(raw, _Oversize):
+                uid = base | line_no
+                if not opts.sampled(uid):
+                    stats["not_sampled"] += 1
+                    continue
+                stats["docs_in"] += 1
+                stats["bytes_in"] += raw.size
+                sink.add(_too_large(seg.path, line_no, uid, raw.size, opts, raw.head, "line"))
+                continue
             if raw.startswith(_BOM):
                 raw = raw[len(_BOM):]
             if not raw.strip():
@@ -778,14 +886,32 @@ def _read_jsonl(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sin
         sink.add(_lost_input(seg, line_no, damage[0]))
 
 
+def _too_large(path: str, line: Optional[int], uid: int, size: int, opts: "ReadOptions", head: bytes,
+               what: str) -> _Quarantine:
+    """The quarantine row of a record larger than input.max_record_mb (it was not read whole)."""
+    limit = opts.max_record_bytes or 0
+    return _Quarantine(path, line, uid, "record_too_large",
+                       f"{what} of {size:,} bytes is larger than input.max_record_mb ({limit / 2**20:g} MiB = {limit:,} "
+                       f"bytes); it was not read (raise input.max_record_mb to read it)", head[:OVERSIZE_HEAD],
+                       extra={"bytes": size})
+
+
 def _whole_file(seg: Segment, opts: ReadOptions, sink: "_Sink", stats: dict, uid: int) -> Optional[bytes]:
     """The bytes of a one-document file (.txt, .html), counted in; None when the sample leaves it
-    out or it cannot be read (then it is lost input, with the reason)."""
+    out, it cannot be read (then it is lost input, with the reason) or it is larger than
+    max_record_bytes (then it is quarantined, its size checked before reading)."""
     if not opts.sampled(uid):
         stats["not_sampled"] += 1
         return None
     try:
-        raw = Path(seg.path).read_bytes()
+        with open(seg.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if opts.max_record_bytes is not None and size > opts.max_record_bytes:
+                stats["docs_in"] += 1
+                stats["bytes_in"] += size
+                sink.add(_too_large(seg.path, None, uid, size, opts, f.read(OVERSIZE_HEAD), "file"))
+                return None
+            raw = f.read()
     except OSError as e:
         sink.add(_lost_input(seg, 0, _Damage("unreadable_file", f"cannot read: {e.strerror or e}", 0)))
         return None
@@ -936,6 +1062,7 @@ def _read_parquet(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _S
             stats["docs_in"] += k
             try:
                 table = pf.read_row_group(g)
+                table, oversize = _drop_oversize(table, opts)
                 columns = {name: _column_values(table.column(name)) for name in names}
             except Exception as e:  # noqa: BLE001 - a corrupt page: the row group's rows are quarantined
                 first = row + 1
@@ -944,13 +1071,35 @@ def _read_parquet(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _S
                                      documents=k, extra={"rows": n, "row_group": g}))
                 row += n
                 continue
-            _parquet_rows(seg, opts, writer, sink, stats, columns, chosen, row, base, fallback_id, fallback_source)
+            _parquet_rows(seg, opts, writer, sink, stats, columns, chosen, row, base, fallback_id, fallback_source,
+                          oversize)
             row += n
+
+
+def _drop_oversize(table: pa.Table, opts: ReadOptions) -> tuple[pa.Table, dict[int, tuple[int, bytes]]]:
+    """The row group with text values longer than max_record_bytes made null before anything turns them
+    into Python strings, and {row: (their size in bytes, first bytes)}."""
+    if opts.max_record_bytes is None or opts.text_field not in table.column_names:
+        return table, {}
+    col = table.column(opts.text_field)
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_binary(col.type)
+            or pa.types.is_large_binary(col.type)):
+        return table, {}
+    lengths = pc.binary_length(col)
+    big = pc.greater(lengths, opts.max_record_bytes)
+    if not pc.any(big).as_py():
+        return table, {}
+    rows = pc.indices_nonzero(pc.fill_null(big, False)).to_pylist()
+    sizes = pc.take(lengths, rows).to_pylist()
+    heads = pc.binary_slice(pc.take(col, rows).cast(pa.large_binary()), 0, OVERSIZE_HEAD).to_pylist()
+    cleared = pc.if_else(big, pa.scalar(None, col.type), col)
+    table = table.set_column(table.column_names.index(opts.text_field), opts.text_field, cleared)
+    return table, {r: (n, h) for r, n, h in zip(rows, sizes, heads)}
 
 
 def _parquet_rows(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink, stats: dict,
                   columns: dict[str, tuple[list, dict]], chosen: list[bool], row: int, base: int,
-                  fallback_id: str, fallback_source: str) -> None:
+                  fallback_id: str, fallback_source: str, oversize: dict[int, tuple[int, bytes]]) -> None:
     if opts.text_field not in columns:
         for i, c in enumerate(chosen):
             if c:
@@ -966,6 +1115,11 @@ def _parquet_rows(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _S
         if not c:
             continue
         line = row + i + 1  # 1-based row number, reported as the "line"
+        if i in oversize:
+            size, head = oversize[i]
+            stats["bytes_in"] += size
+            sink.add(_too_large(seg.path, line, base | line, size, opts, head, f"text value ('{opts.text_field}')"))
+            continue
         if i in bad:
             name, problem = bad[i]
             code = "invalid_utf8" if problem.startswith("UnicodeDecodeError") else "undecodable_value"
@@ -1015,11 +1169,13 @@ def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str, writer: Optional[
     stats["docs_out"] = stats["docs_in"] - quarantined
     stats["quarantine_reasons"] = {}
     lost = {"files": 0, "bytes": 0, "partial_bytes": 0}
+    damaged: set = set()
     for x in sink.rows:
         if x.documents:
             stats["quarantine_reasons"][x.code] = stats["quarantine_reasons"].get(x.code, 0) + x.documents
         elif "rows" not in x.extra:
-            lost["files"] += 1
+            lost["files"] += x.path not in damaged  # a WARC file may hold several damaged spans: one file
+            damaged.add(x.path)
             lost["bytes"] += x.extra.get("lost_bytes", 0)
             lost["partial_bytes"] += x.extra.get("partial_bytes", 0)
     stats["lost_input"] = lost

@@ -56,7 +56,8 @@ class ReadStep(DocumentStep):
                 running[seg.file_index] = running.get(seg.file_index, 0) + n
         opts = read.ReadOptions(ic.text_field, ic.id_field, ic.source_field, int(ic.part_size_mb * 2**20),
                                 sample=ic.sample, sample_seed=ic.sample_seed, on_error=ic.on_error,
-                                cjk_share=ctx.cfg.filter.scripts.cjk_share, language=read_language(ctx.cfg))
+                                cjk_share=ctx.cfg.filter.scripts.cjk_share, language=read_language(ctx.cfg),
+                                max_record_bytes=max_record_bytes(ctx.cfg))
         if self.signature_spec is None:
             results = ctx.run_parts([(f"unit-{u.index:05d}", delayed(_read_unit)(u, opts, str(folder)), None)
                                      for u in units], "read")
@@ -81,6 +82,13 @@ class ReadStep(DocumentStep):
             ctx.log("  read: no document survived reading (every record was quarantined or the input holds none)")
         examples = [rec for r in results for rec in r["quarantine"]][:20]
         return StepResult(stats, {"quarantine_examples": examples})
+
+
+def max_record_bytes(cfg: Config) -> int:
+    """input.max_record_mb in bytes: the largest record the reader takes (a larger one is quarantined
+    as record_too_large before any step holds it). It is in the input section, so the step's link
+    covers it: changing it reads again."""
+    return int(cfg.input.max_record_mb * 2**20)
 
 
 def read_language(cfg: Config) -> Optional[dict]:
