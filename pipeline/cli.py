@@ -212,8 +212,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 # one function per subcommand, in the order `corpusmill --help` lists them
-_SUBCOMMANDS = (_add_run, _add_demo, _add_dedup, _add_train, _add_tokenizer, _add_shards, _add_config, _add_doctor,
-                _add_serve)
+def _add_quality(sub) -> None:
+    from .quality_cli import add_quality
+
+    add_quality(sub)
+
+
+_SUBCOMMANDS = (_add_run, _add_demo, _add_dedup, _add_train, _add_tokenizer, _add_quality, _add_shards, _add_config,
+                _add_doctor, _add_serve)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -230,12 +236,19 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _cmd_quality(args) -> int:
+    from .quality_cli import cmd_quality
+
+    return cmd_quality(args)
+
+
 def _cmd_tokenizer(args) -> int:
     import shutil
     import tempfile
 
     from .config import Config, parse_config
     from .executor import sample_part
+    from .steps.read import max_record_bytes
     from .steps.tokenize import check_sample, sample_plan
     from corpusmill.stages import read, tokenize
     from corpusmill.stages.normalize import normalize_array
@@ -260,7 +273,7 @@ def _cmd_tokenizer(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         units, to_count = read.plan_units(files, 1 << 62, int(cfg.input.part_size_mb * 2**20))
         opts = read.ReadOptions(cfg.input.text_field, cfg.input.id_field, cfg.input.source_field,
-                                int(cfg.input.part_size_mb * 2**20))
+                                int(cfg.input.part_size_mb * 2**20), max_record_bytes=max_record_bytes(cfg))
         docs = sum(read.read_unit(u, opts, tmp)["stats"]["docs_out"] for u in units)
         parts = sorted(str(p) for p in Path(tmp).glob("part-*.parquet"))
         sample = [t for args in sample_plan(parts, cfg.tokenizer.model_copy(update={"model": None}), docs)
@@ -712,6 +725,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train, "config": _cmd_config, "dedup": _cmd_dedup,
                 "shards": _cmd_shards, "tokenizer": _cmd_tokenizer, "doctor": _cmd_doctor,
+                "quality": _cmd_quality,
                 "serve": _cmd_serve}
     previous_sigterm = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # Slurm, Kubernetes, `timeout`
     try:

@@ -376,6 +376,114 @@ class FilterOverride(_Section):
         return any((fam, key) in FILTER_SCORING_SETTINGS for fam, keys in self.settings.changed().items() for key in keys)
 
 
+class ClassifierMatch(_Section):
+    """Which documents a classifier scores: every condition given must hold."""
+
+    source: Optional[list[str]] = Field(None, description="Glob patterns (fnmatch, case-sensitive) over the "
+                                        "document's source field; one pattern or a list, any of them matching.")
+    language: Optional[list[str]] = Field(
+        None, description="The document's language column (zh / en / other by script; with filter.language.enabled "
+        "the model's ISO 639-1 codes: zh, en, ja ...).")
+
+    @field_validator("source", "language", mode="before")
+    @classmethod
+    def _one_or_list(cls, v: Any) -> Any:
+        return _as_list(v)
+
+    @model_validator(mode="after")
+    def _some_condition(self) -> "ClassifierMatch":
+        for k in ("source", "language"):
+            v = getattr(self, k)
+            if v is not None and (not v or any(not p for p in v)):
+                raise ValueError(f"match.{k}: give one or more non-empty values")
+        if not self.source and not self.language:
+            raise ValueError("a classifier's match needs source or language (leave match out to score every document)")
+        return self
+
+
+class ClassifierBucket(_Section):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="The bucket's name (quality_bucket value).")
+    min: float = Field(..., ge=0, le=1, description="Scores from this one (inclusive) ...")
+    max: Optional[float] = Field(None, gt=0, le=1, description="... up to this one (exclusive); null: no upper end.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "ClassifierBucket":
+        if self.max is not None and self.max <= self.min:
+            raise ValueError(f"bucket '{self.name}': max {self.max} must be above min {self.min}")
+        return self
+
+
+def _check_buckets(v: Optional[list[ClassifierBucket]]) -> Optional[list[ClassifierBucket]]:
+    """Buckets must not overlap and their names must differ: a score falls in one bucket at most."""
+    if v is None:
+        return v
+    if not v:
+        raise ValueError("give one or more buckets, or leave buckets out")
+    names = [b.name for b in v]
+    if len(set(names)) != len(names):
+        raise ValueError(f"bucket names must differ (got {names})")
+    spans = sorted((b.min, 2.0 if b.max is None else b.max, b.name) for b in v)
+    for (lo1, hi1, n1), (lo2, _hi2, n2) in zip(spans, spans[1:]):
+        if lo2 < hi1:
+            raise ValueError(f"buckets '{n1}' and '{n2}' overlap ([{lo1}, {hi1 if hi1 <= 1 else 'no end'}) and "
+                             f"from {lo2}): a score must fall in one bucket at most")
+    return v
+
+
+class _ClassifierDecision(_Section):
+    min_score: Optional[float] = Field(None, ge=0, le=1, description="Drop a document scoring below this (reason "
+                                       "classifier:NAME, the score in the removed row).")
+    keep_top_fraction: Optional[float] = Field(
+        None, gt=0, le=1, description="Keep this share of the documents it scores, the highest-scoring ones: a "
+        "corpus-wide quantile (every part's fixed-bin histogram of its scores, summed in the driver, then the boundary "
+        "bin's scores gathered: exact, ties at the threshold kept; the same threshold whatever the partitioning). "
+        "Not with min_score.")
+    buckets: Optional[list[ClassifierBucket]] = Field(
+        None, description="Named score ranges, e.g. [{name: high, min: 0.8}, {name: medium, min: 0.4, max: 0.8}, "
+        "{name: low, min: 0, max: 0.4}] (as Nemotron-CC): each kept document's range is its quality_bucket (counted "
+        "per source in the report; none when no range holds the score); they must not overlap. With min_score or "
+        "keep_top_fraction the documents below are dropped first.")
+
+    @field_validator("buckets")
+    @classmethod
+    def _buckets(cls, v: Optional[list[ClassifierBucket]]) -> Optional[list[ClassifierBucket]]:
+        return _check_buckets(v)
+
+    @model_validator(mode="after")
+    def _one_threshold(self) -> "_ClassifierDecision":
+        if self.min_score is not None and self.keep_top_fraction is not None:
+            raise ValueError("give min_score or keep_top_fraction, not both")
+        return self
+
+    def decides(self) -> bool:
+        return self.min_score is not None or self.keep_top_fraction is not None or bool(self.buckets)
+
+
+class ClassifierConfig(_ClassifierDecision):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Names its score column "
+                      "(classifier_NAME) and its reason (classifier:NAME).")
+    model: str = Field(..., min_length=1, description="A fastText classifier file (.bin, or a quantized .ftz): "
+                       "yours, one trained by `corpusmill quality train`, or a published one (DCLM, Ultra-FineWeb); "
+                       "never downloaded. Its sha256 is part of the filter's resume hash.")
+    label: str = Field("__label__hq", min_length=1, description="The label whose probability is the score "
+                       "(the model must have it; __label__hq for models trained here).")
+    match: Optional[ClassifierMatch] = Field(None, description="Score only these documents ({source: globs, "
+                                             "language: codes}), e.g. a Chinese model with {language: zh}; null: all.")
+    max_chars: Optional[int] = Field(20000, gt=0, le=MAX_COUNT, description="Characters of each document (from its "
+                                     "start) the model reads; null: all.")
+    lowercase: bool = Field(False, description="Lowercase the text the model reads (as the model was trained).")
+    cjk_spaces: bool = Field(True, description="A space on each side of every CJK character, so fastText's word "
+                             "n-grams are character n-grams for Chinese (models trained here expect it; turn it off "
+                             "for a published model trained on other tokens).")
+
+
+class ClassifierCombineConfig(_ClassifierDecision):
+    mode: Literal["all", "any", "mean"] = Field(
+        "all", description="How several classifiers decide: all (a document fails when any classifier that scored "
+        "it is below its threshold), any (only when every one that scored it and has a threshold is), mean (the mean "
+        "of its scores against the min_score / keep_top_fraction / buckets given here; reason classifier:mean).")
+
+
 class FilterConfig(_Section):
     length: LengthFilterConfig = Field(default_factory=LengthFilterConfig)
     gopher_quality: GopherQualityConfig = Field(default_factory=GopherQualityConfig)
@@ -401,6 +509,17 @@ class FilterConfig(_Section):
         "scripts; a threshold change reuses the stored scores, a scoring setting (scripts.cjk_share, "
         "gopher_repetition.cjk_ngram_scale, c4.short_line_chars*) rescores the override's documents. Languages and "
         "scripts are matched as detected with the settings above.")
+    classifiers: list[ClassifierConfig] = Field(
+        default_factory=list, description="Learned quality scores: a list of {name, model: PATH.bin, label, match, "
+        "min_score | keep_top_fraction, buckets, max_chars, lowercase, cjk_spaces}; each scores the documents it "
+        "matches with the model's probability of label, on the normalised text (before boilerplate lines are "
+        "removed) prepared as stages.classifier.prepare_text says (first max_chars characters, a space around each CJK "
+        "character, whitespace runs and newlines as one space). Scores are kept apart from the decision in "
+        "02-filter.classifier-scores/ (a threshold change reuses them); documents the heuristic rules keep are then "
+        "decided by them (reason classifier:NAME).")
+    classifier_combine: ClassifierCombineConfig = Field(
+        default_factory=ClassifierCombineConfig, description="How several classifiers decide together (mode all | "
+        "any | mean); with mean, the threshold or buckets of the mean go here, not on the classifiers.")
 
     @model_validator(mode="after")
     def _unique_override_names(self) -> "FilterConfig":
@@ -410,6 +529,30 @@ class FilterConfig(_Section):
             if name in seen:
                 raise ValueError(f"overrides {seen[name]} and {i} are both named '{name}': give each a distinct name")
             seen[name] = i
+        return self
+
+    @model_validator(mode="after")
+    def _classifiers_consistent(self) -> "FilterConfig":
+        names = [c.name for c in self.classifiers]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"classifiers: names must differ ({', '.join(twice)} given twice)")
+        comb = self.classifier_combine
+        if comb.mode == "mean":
+            own = [f"classifiers.{i}" for i, c in enumerate(self.classifiers) if c.decides()]
+            if own:
+                raise ValueError(f"classifier_combine.mode mean decides by the mean: {', '.join(own)} may not set "
+                                 "min_score, keep_top_fraction or buckets (set them on classifier_combine)")
+            if self.classifiers and not comb.decides():
+                raise ValueError("classifier_combine.mode mean needs min_score, keep_top_fraction or buckets")
+        else:
+            if comb.decides():
+                raise ValueError(f"classifier_combine: min_score, keep_top_fraction and buckets belong to the "
+                                 f"classifiers with mode {comb.mode} (only mode mean has its own)")
+            bucketed = [f"classifiers.{i}" for i, c in enumerate(self.classifiers) if c.buckets]
+            if len(bucketed) > 1:
+                raise ValueError(f"{' and '.join(bucketed)} both set buckets: one classifier (or classifier_combine "
+                                 "with mode mean) gives the quality_bucket")
         return self
 
     def for_override(self, override: FilterOverride) -> "FilterConfig":

@@ -278,6 +278,15 @@ def check_screening(cfg: Any) -> list[Check]:
         except (OSError, ValueError) as e:
             checks.append(Check("blocked words", ERROR, f"{cfg.filter.blocked_words.file}: "
                                 f"{getattr(e, 'strerror', None) or e}", "fix filter.blocked_words.file"))
+    if cfg.filter.classifiers:
+        from corpusmill.stages.classifier import check_classifier_models
+
+        problems = check_classifier_models(cfg)
+        for line in problems:
+            checks.append(Check("classifier", ERROR, line, "fix filter.classifiers (the model path or its label)"))
+        if not problems:
+            checks.append(Check("classifier", OK, f"{len(cfg.filter.classifiers)} fastText model(s) found, each with "
+                                "its label"))
     if cfg.normalize.chinese_convert:
         import pyarrow as pa
 

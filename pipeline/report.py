@@ -1,6 +1,7 @@
 """report.md: what a person reads after a run — counts, reasons, examples, tokens, shards, timing."""
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
@@ -260,6 +261,78 @@ def _text_screening(r: ReportInputs) -> list[str]:
     return lines
 
 
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def _spark(counts: list[int]) -> str:
+    """A histogram as one line of block characters (each bin's height relative to the tallest)."""
+    top = max(counts) if counts else 0
+    return "".join(" " if not c else SPARK[min(len(SPARK) - 1, int(c * (len(SPARK) - 1) / top + 0.999))]
+                   for c in counts) if top else ""
+
+
+def _classifiers(r: ReportInputs) -> list[str]:
+    """filter.classifiers: each model (file, sha256, label), its decision and resolved threshold, what it kept
+    per source, the score histograms per language, the quality buckets, examples either side of the threshold
+    and the scoring throughput."""
+    c = (r.stats.get("filter") or {}).get("classifiers")
+    if not c:
+        return []
+    lines = [f"## Quality classifiers (fastText; combine: {c['combine']})", "",
+             "| classifier | model | sha256 | label | scores | documents scored |", "|---|---|---|---|---|---:|"]
+    for m in c["models"]:
+        match = ", ".join(f"{k}={'|'.join(v)}" for k, v in (m.get("match") or {}).items() if v) or "every document"
+        lines.append(f"| {m['name']} | `{_md_escape(m['model'])}` | `{(m['sha256'] or '?')[:16]}` | `{m['label']}` | "
+                     f"{_md_escape(match)} | {m['docs_scored']:,} |")
+    lines += ["", "| decides | rule | threshold | reason |", "|---|---|---:|---|"]
+    for d in c["decisions"]:
+        if d["keep_top_fraction"] is not None:
+            rule = f"keep the top {d['keep_top_fraction']:g} (corpus-wide)"
+        elif d["min_score"] is not None:
+            rule = f"score >= {d['min_score']:g}"
+        else:
+            rule = "scores only" + (" (buckets)" if d["buckets"] else "")
+        t = d["threshold"]
+        lines.append(f"| {d['name']} | {rule} | {'-' if t is None else format(t, '.6g')} | `classifier:{d['name']}` |")
+    s = c.get("scoring") or {}
+    reused = "the stored scores were reused (no document scored again)" if c.get("scores_reused") else \
+        (f"{s.get('docs', 0):,} documents ({s.get('chars', 0) / 1e6:,.1f} M characters) scored in "
+         f"{s.get('cpu_seconds', 0):.1f} CPU seconds: {s.get('docs_per_cpu_second') or 0:,.0f} documents and "
+         f"{s.get('mb_per_cpu_second') or 0:.2f} M characters per CPU second")
+    lines += ["", f"Scoring: {reused}; scores in `02-filter.classifier-scores/` "
+              f"({'kept' if c.get('scores_dir') else 'removed after the step: filter.keep_scores is off'}).", ""]
+    if c.get("by_source"):
+        lines += ["| score | source | scored | kept | kept share |", "|---|---|---:|---:|---:|"]
+        for col, per in c["by_source"].items():
+            for src, v in sorted(per.items()):
+                lines.append(f"| {col} | {_md_escape(src)} | {v['scored']:,} | {v['kept']:,} | {_pct(v['kept'], v['scored'])} |")
+        lines.append("")
+    if c.get("histograms"):
+        lines += ["Score histograms (20 bins over 0-1, by language):", "",
+                  "| score | language | documents | 0 ... 1 | median bin |", "|---|---|---:|---|---:|"]
+        for col, by_lang in c["histograms"].items():
+            for lg, counts in sorted(by_lang.items()):
+                n = sum(counts)
+                half = next((k for k, x in enumerate(itertools.accumulate(counts)) if x * 2 >= n), 0)
+                lines.append(f"| {col} | {lg or '-'} | {n:,} | `{_spark(counts)}` | {half / 20:.2f}-{(half + 1) / 20:.2f} |")
+        lines.append("")
+    if c.get("buckets"):
+        total = sum(v["chars"] for b in c["buckets"].values() for v in b.values())
+        lines += ["Quality buckets of the kept documents (`quality_bucket`):", "",
+                  "| bucket | source | documents | characters | share of kept characters |", "|---|---|---:|---:|---:|"]
+        for b, per in sorted(c["buckets"].items()):
+            for src, v in sorted(per.items()):
+                lines.append(f"| {_md_escape(b)} | {_md_escape(src)} | {v['docs']:,} | {v['chars']:,} | {_pct(v['chars'], total)} |")
+        lines.append("")
+    for col, sides in (c.get("examples") or {}).items():
+        lines += [f"At the threshold of {col} (first 300 characters):", ""]
+        for side in ("kept", "removed"):
+            for e in sides.get(side, []):
+                lines.append(f"- {side} (score {e['score']:.4f}) {_md_escape(str(e['id']))}: {_md_escape(e['text'])}")
+        lines.append("")
+    return lines
+
+
 def _exact_duplicates(r: ReportInputs) -> list[str]:
     dups = r.extra.get("exact_dedup", {}).get("examples") or []
     if not dups:
@@ -460,7 +533,7 @@ def _training(r: ReportInputs) -> list[str]:
 # run has nothing for it
 SECTIONS: tuple[Callable[[ReportInputs], list[str]], ...] = (
     _header, _sample, _documents, _stages, _removed, _filter_rules, _filter_overrides, _filter_by_lang, _filter_by_source, _quarantined,
-    _filtered_examples, _text_screening, _personal_data, _exact_duplicates, _near_duplicates, _decontamination, _tokenizer,
+    _filtered_examples, _text_screening, _classifiers, _personal_data, _exact_duplicates, _near_duplicates, _decontamination, _tokenizer,
     _tokens_packing_shards, _mixture, _composition, _training)
 
 
@@ -477,5 +550,5 @@ def write_report(out: Path, ledger: dict, stats: dict, extra: dict, seconds: dic
     text = render_report(ledger, stats, extra, seconds, train)
     path = Path(out) / "report.md"
     write_text_atomic(path, text)
-    write_text_atomic(Path(out) / "report.html", render_html(text, extra, ledger=ledger))
+    write_text_atomic(Path(out) / "report.html", render_html(text, extra, ledger=ledger, stats=stats))
     return path

@@ -269,8 +269,59 @@ def composition_plot(ledger: Optional[dict]) -> Optional[str]:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def render_html(markdown: str, extra: dict, title: Optional[str] = None, ledger: Optional[dict] = None) -> str:
+def classifier_plots(stats: Optional[dict]) -> list[tuple[str, str]]:
+    """(caption, base64 PNG) per classifier score (and their mean): the documents it scored by language
+    over 20 bins of [0, 1] (from the scoring pass's exact counts), the resolved threshold dashed red."""
+    c = ((stats or {}).get("filter") or {}).get("classifiers") or {}
+    hists = c.get("histograms") or {}
+    if not hists:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    limits = {d["column"]: d["threshold"] for d in c.get("decisions") or []}
+    edges = np.linspace(0, 1, 21)
+    plots = []
+    for column, by_lang in hists.items():
+        fig, ax = plt.subplots(figsize=(4.6, 2.9), dpi=110)
+        for lg, counts in sorted(by_lang.items()):
+            counts = np.asarray(counts)
+            if counts.sum():
+                ax.stairs(counts, edges, linewidth=1.5, label=f"{lg or '-'} ({int(counts.sum()):,})")
+        caption = f"{column}: documents scored, by language"
+        if limits.get(column) is not None:
+            ax.axvline(min(1.0, limits[column]), color="#d62728", linestyle="--", linewidth=1.2)
+            caption += f"; keeps >= {limits[column]:.4g}"
+        ax.set_yscale("log")
+        ax.set_title(column, fontsize=10)
+        ax.tick_params(labelsize=8)
+        ax.legend(fontsize=7, frameon=False)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        plt.close(fig)
+        plots.append((caption, base64.b64encode(buf.getvalue()).decode("ascii")))
+    return plots
+
+
+def render_html(markdown: str, extra: dict, title: Optional[str] = None, ledger: Optional[dict] = None,
+                stats: Optional[dict] = None) -> str:
     body = markdown_to_html(markdown)
+    try:
+        learned = classifier_plots(stats)
+    except Exception as e:  # noqa: BLE001 - a plotting problem must not cost a finished run its report
+        learned = []
+        body = (f'<p><strong>The classifier plots could not be drawn: {html.escape(type(e).__name__)}: '
+                f"{html.escape(str(e))}</strong></p>") + body
+    if learned:
+        marker = '<h2 id="quality-classifiers'
+        figures = "\n".join(f'<figure><img alt="{html.escape(c)}" src="data:image/png;base64,{b}" width="100%">'
+                            f"<figcaption>{html.escape(c)}</figcaption></figure>" for c, b in learned)
+        at = body.find("</h2>", body.find(marker)) + len("</h2>") if marker in body else len(body)
+        body = body[:at] + f'<div class="plots">{figures}</div>' + body[at:]
     try:
         bars = composition_plot(ledger)
     except Exception as e:  # noqa: BLE001 - a plotting problem must not cost a finished run its report

@@ -24,7 +24,8 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
                  reuse_scores: bool = False, keep_scripts: Optional[list[str]] = None, min_script_share: float = 0.0,
                  score_options: Optional[dict] = None, audit_text_chars: Optional[int] = 2000,
                  name_lines: Optional[list[int]] = None, overrides: Optional[list[dict]] = None,
-                 blocked: Optional[dict] = None, language: Optional[dict] = None) -> BatchResult:
+                 blocked: Optional[dict] = None, language: Optional[dict] = None,
+                 classifiers: Optional[dict] = None) -> BatchResult:
     """Clean, score (or load the scores of) and decide one partition; the first failing rule is
     each removed document's reason, with its score, threshold and text (its first
     `audit_text_chars` characters, as it came in).
@@ -36,7 +37,11 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
 
     `blocked` ({terms, sha256}): scores blocked_words / blocked_words_per_1k (stages.blocklist).
     `language` ({max_chars, keep, min_score}): scores language / language_score with the shipped
-    fastText model (stages.langid); the language then stands for the script heuristic's `lang`."""
+    fastText model (stages.langid); the language then stands for the script heuristic's `lang`.
+    `classifiers` ({scores_path, rules, combine, mean_of}, see steps/filter.classify): the documents the
+    rules keep are then decided by the stored classifier scores (stages.classifier.decide); kept ones
+    carry their quality_bucket, and the stats count buckets per source and hold examples either side
+    of each threshold."""
     texts = _text_array(df["text"])  # Arrow throughout: no Python string per document
     src = np.asarray(pc.fill_null(_text_array(df["source"]), "").to_numpy(zero_copy_only=False), dtype=object)
     overrides = overrides or []
@@ -70,10 +75,22 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
             (overrides[k]["rules"], overrides[k].get("keep_scripts"), overrides[k].get("min_script_share", 0.0))
         reason[rows], score[rows], threshold[rows] = decide(scores if rows.all() else scores[rows].reset_index(drop=True),
                                                             *table, **lang_rule)
+    learned = None
+    if classifiers:
+        from .classifier import decide as decide_classifiers
+        from .classifier import decision_columns, read_scores
+
+        learned = decision_columns(read_scores(classifiers["scores_path"], df["uid"].to_numpy(dtype="int64")),
+                                   classifiers.get("mean_of"))
+        verdict = decide_classifiers(learned, classifiers["rules"], classifiers["combine"], pd.notna(reason))
+        hit = pd.notna(verdict.reason)
+        reason[hit], score[hit], threshold[hit] = verdict.reason[hit], verdict.score[hit], verdict.threshold[hit]
     drop = pd.notna(reason)
     out = df.copy()
     if lines_removed.any():
         out["text"] = pd.arrays.ArrowExtensionArray(texts)
+    if classifiers and classifiers.get("buckets"):
+        out["quality_bucket"] = pd.array(verdict.bucket, dtype="string")  # not in DOC_SCHEMA yet: see the README
     removed_out = removed_frame(df[drop], pd.Series(reason[drop]), pd.Series(score[drop]), pd.Series(threshold[drop]),
                                 text_chars=audit_text_chars)
     counts = pd.Series(reason[drop]).value_counts().to_dict() if drop.any() else {}
@@ -96,6 +113,17 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
     }
     if blocked:
         stats["blocked_docs_matched"] = int((scores["blocked_words"].to_numpy() > 0).sum())
+    if classifiers:
+        stats["classifier_docs"] = _classifier_counts(learned, reason, drop, src)
+        stats["classifier_examples"] = _classifier_examples(df, learned, classifiers, reason, drop)
+        if classifiers.get("buckets"):
+            kept_bucket = np.asarray(["(none)" if b is None else b for b in verdict.bucket], dtype=object)
+            chars = scores["chars"].to_numpy()
+            stats["quality_buckets"] = {
+                b: {s: {"docs": int(((kept_bucket == b) & (src == s) & ~drop).sum()),
+                        "chars": int(chars[(kept_bucket == b) & (src == s) & ~drop].sum())}
+                    for s in np.unique(src[(kept_bucket == b) & ~drop])}
+                for b in np.unique(kept_bucket[~drop])} if (~drop).any() else {}
     if overrides:
         names = np.asarray([o["name"] for o in overrides] + [None], dtype=object)[group]  # group -1: the last, None
         present = [o["name"] for k, o in enumerate(overrides) if (group == k).any()]
@@ -104,6 +132,44 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
         table = pa.Table.from_pandas(removed_out, schema=REMOVED_SCHEMA, preserve_index=False)
         removed_out = table.append_column("override", pa.array(names[drop].tolist(), pa.string()))
     return BatchResult(kept=out[~drop].reset_index(drop=True), removed=removed_out, stats=stats)
+
+
+CLASSIFIER_EXAMPLES = 2  # documents each side of a classifier's threshold a part offers the report
+EXAMPLE_TEXT_CHARS = 300
+
+
+def _classifier_counts(learned: dict, reason: np.ndarray, drop: np.ndarray, src: np.ndarray) -> dict:
+    """Per score column: documents scored and kept, per source (what the report's table shows)."""
+    out: dict = {}
+    for column, values in learned.items():
+        scored = ~np.isnan(values)
+        out[column] = {str(s): {"scored": int((scored & (src == s)).sum()), "kept": int((scored & (src == s) & ~drop).sum())}
+                       for s in np.unique(src[scored])} if scored.any() else {}
+    return out
+
+
+def _classifier_examples(df: pd.DataFrame, learned: dict, classifiers: dict, reason: np.ndarray,
+                         drop: np.ndarray) -> dict:
+    """{column: {kept: {uid: [score, id, text]}, removed: {...}}}: the kept documents scoring closest above
+    each threshold and the removed ones closest below it (their first 300 characters), for the report."""
+    out: dict = {}
+    rules = classifiers["rules"]
+    if classifiers["combine"].get("mode") == "mean":
+        rules = [{"name": "mean", "column": "classifier_mean", "threshold": classifiers["combine"].get("threshold")}]
+    ids, uids = df["id"].astype(object).to_numpy(), df["uid"].to_numpy(dtype="int64")
+    for r in rules:
+        if r.get("threshold") is None:
+            continue
+        values = learned[r["column"]]
+        ok = ~np.isnan(values)
+        kept = np.flatnonzero(ok & ~drop & (values >= r["threshold"]))
+        gone = np.flatnonzero(ok & (reason == f"classifier:{r['name']}"))
+        pick = {"kept": kept[np.argsort(values[kept], kind="stable")[:CLASSIFIER_EXAMPLES]],
+                "removed": gone[np.argsort(-values[gone], kind="stable")[:CLASSIFIER_EXAMPLES]]}
+        out[r["column"]] = {side: {str(int(uids[i])): [float(values[i]), str(ids[i]),
+                                                       str(df["text"].iloc[i] or "")[:EXAMPLE_TEXT_CHARS]]
+                                   for i in rows} for side, rows in pick.items()}
+    return out
 
 
 def _read_languages(df: pd.DataFrame) -> Optional[tuple[np.ndarray, np.ndarray]]:

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 from corpusmill.stages import blocklist, boilerplate, filters, normalize, quality
+from corpusmill.stages import classifier as clf
 from corpusmill.stages.base import merge_stats, write_json_atomic, write_table_atomic
 
 from ..config import FilterConfig
@@ -45,9 +46,17 @@ class FilterStep(DocumentStep):
     config_sections = ("filter",)
     outputs = {"examples": dict, "rules": list, "scores_dir": str, "overrides": list}
 
+    def hash_extra(self, cfg, previous: Optional[str]):  # type: ignore[no-untyped-def]
+        """The link before, and with filter.classifiers the sha256 of every model file: a model changed in
+        place reruns the step (and rescores), a moved one does not."""
+        if not cfg.filter.classifiers:
+            return previous
+        return [previous, [_model_sha(c.model) for c in cfg.filter.classifiers]]
+
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         fc = ctx.cfg.filter
         parts = ctx.parts(self.reads)
+        learned, learned_stats = classify(ctx, parts, ctx.link(self.reads)) if fc.classifiers else (None, None)
         options = score_options(fc)
         plan = override_plan(fc)
         cache = ctx.rundir.scores_cache(self.name)
@@ -86,6 +95,8 @@ class FilterStep(DocumentStep):
                 kwargs["language"] = language
             if plan:
                 kwargs["overrides"] = [{k: o[k] for k in KERNEL_KEYS} for o in plan]
+            if learned:
+                kwargs["classifiers"] = {**learned, "scores_path": str(learned_dir(ctx) / Path(p).name)}
             name = Path(p).stem + ".parquet"
             tasks.append((name, delayed(run_batch_part)(filters.filter_batch, p, str(folder), "pandas", kwargs), None))
         results = ctx.run_parts(tasks, folder.name + ": " + ("decide (scores reused)" if reuse else "score + decide"),
@@ -109,6 +120,10 @@ class FilterStep(DocumentStep):
             t["line"], t["removed"] = texts.get(str(t["hash"])), int(times.get(str(t["hash"]), 0))
         line_stats.get("top", []).sort(key=lambda t: (-t["removed"], -t["docs"]))
         stats["boilerplate_lines"] = line_stats
+        if learned:
+            stats["classifiers"] = finish_classifier_stats(learned_stats, stats)
+            if not fc.keep_scores:
+                shutil.rmtree(learned_dir(ctx), ignore_errors=True)
         outputs = {
             "examples": removed_examples(folder / "removed", ctx.rundir.folder(self.reads),
                                          audit_chars=fc.audit_text_chars),
@@ -118,6 +133,128 @@ class FilterStep(DocumentStep):
                            "settings": o["settings"], "changed_rules": o["changed_rules"]} for o in plan],
         }
         return StepResult(stats, outputs)
+
+
+def _model_sha(path: str) -> Optional[str]:
+    try:
+        return clf.file_sha256(path)
+    except OSError:  # the preflight (and the step) say what is wrong with the file in one line
+        return None
+
+
+def learned_dir(ctx: StepContext) -> Path:
+    """02-filter.classifier-scores/: every part's classifier scores (uid and one column per classifier),
+    beside the heuristic scores and kept apart from them (a changed heuristic setting does not rescore)."""
+    cache = ctx.rundir.scores_cache("filter")
+    return cache.with_name(cache.name.replace(".scores", ".classifier-scores"))
+
+
+def classifier_specs(fc: FilterConfig) -> list[dict]:
+    """filter.classifiers as stages.classifier.score_frame takes them (the model's sha256 included)."""
+    return [{"name": c.name, "model": c.model, "sha256": _model_sha(c.model), "label": c.label,
+             "match": c.match.model_dump() if c.match else None, "max_chars": c.max_chars,
+             "lowercase": c.lowercase, "cjk_spaces": c.cjk_spaces} for c in fc.classifiers]
+
+
+def classify(ctx: StepContext, parts: list[str], link: str) -> tuple[dict, dict]:
+    """Score every part with the classifiers (or reuse the stored scores: their hash covers the input's
+    link, the models' sha256 and the settings that change a score, never a threshold), then resolve
+    each keep_top_fraction to a score threshold over the whole corpus: every part's fixed-bin histogram
+    (2^16 bins) summed here, then the scores of the one boundary bin gathered from the parts that have
+    any, so the threshold is exactly the k-th highest score (k = ceil(fraction * scored documents)),
+    whatever the partitioning. Returns filter_batch's `classifiers` argument and the report's stats."""
+    fc = ctx.cfg.filter
+    problems = clf.check_classifier_models(ctx.cfg)
+    if problems:
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise PipelineError(problems[0] + more)
+    specs = classifier_specs(fc)
+    comb = fc.classifier_combine
+    mean_of = [clf.score_column(c.name) for c in fc.classifiers] if comb.mode == "mean" else None
+    decisions = [(clf.MEAN_COLUMN, "mean", comb)] if mean_of else \
+        [(clf.score_column(c.name), c.name, c) for c in fc.classifiers]
+    fraction_columns = [col for col, _, d in decisions if d.keep_top_fraction is not None]
+    scoring_hash = ctx.cfg.section_hash(extra=[link, [{k: v for k, v in s.items() if k != "model"} for s in specs],
+                                               clf.PREPARE_VERSION])
+    cdir = learned_dir(ctx)
+    marker = cdir / SCORES_MARKER
+    cached = json.loads(marker.read_text()) if marker.is_file() else {}
+    if cached.get("scoring_hash") != scoring_hash and cdir.exists():  # another model or setting: rescored
+        shutil.rmtree(cdir)
+    cdir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(marker, {"scoring_hash": scoring_hash, "started_utc": utc_now()})
+    outs = [str(cdir / Path(p).name) for p in parts]
+    results = ctx.run([delayed(clf.score_part)(p, o, specs, fraction_columns, mean_of) for p, o in zip(parts, outs)],
+                      "02-filter: classifier scores" + (" (reused)" if cached.get("scoring_hash") == scoring_hash else ""))
+    thresholds: dict[str, Optional[float]] = {col: d.min_score for col, _, d in decisions}
+    quantiles = {}
+    for col in fraction_columns:
+        dense = np.zeros(clf.HIST_BINS, np.int64)
+        for r in results:
+            idx, cnt = r["hist"][col]
+            dense[idx] += cnt
+        d = dict((c, x) for c, _, x in decisions)[col]
+        b, need = clf.top_fraction_bin(dense, d.keep_top_fraction)
+        holders = [o for o, r in zip(outs, results) if np.isin(b, r["hist"][col][0])]
+        values = ctx.run([delayed(clf.bin_values)(o, col, b, mean_of) for o in holders],
+                         f"02-filter: {col} threshold for the top {d.keep_top_fraction:g}") if holders else []
+        thresholds[col] = clf.threshold_in_bin(np.concatenate(values) if values else np.zeros(0), need)
+        quantiles[col] = {"keep_top_fraction": d.keep_top_fraction, "scored": int(dense.sum()),
+                          "threshold": thresholds[col], "boundary_bin_docs": int(dense[b])}
+    rules = [{"name": name, "column": col, "threshold": thresholds[col],
+              "buckets": [b.model_dump() for b in d.buckets] if d.buckets else None} for col, name, d in decisions]
+    combine = {"mode": comb.mode}
+    if mean_of:
+        combine.update(threshold=thresholds[clf.MEAN_COLUMN], buckets=rules[0]["buckets"])
+        rules = [{"name": c.name, "column": clf.score_column(c.name), "threshold": None, "buckets": None}
+                 for c in fc.classifiers]
+    report: dict = {}
+    for r in results:
+        for col, by_lang in r["report"].items():
+            for lg, counts in by_lang.items():
+                have = report.setdefault(col, {}).setdefault(lg, [0] * clf.REPORT_BINS)
+                report[col][lg] = [a + b for a, b in zip(have, counts)]
+    cpu = sum(r["cpu_seconds"] for r in results)
+    chars = sum(r["chars"] for r in results)
+    scored_rows = sum(r["rows"] for r in results if not r["reused"])
+    stats = {
+        "combine": comb.mode,
+        "models": [{"name": s["name"], "model": s["model"], "sha256": s["sha256"], "label": s["label"],
+                    "match": s["match"], "max_chars": s["max_chars"], "lowercase": s["lowercase"],
+                    "cjk_spaces": s["cjk_spaces"], "column": clf.score_column(s["name"]),
+                    "docs_scored": int(sum(r["docs"][clf.score_column(s["name"])] for r in results))} for s in specs],
+        "decisions": [{"name": name, "column": col, "min_score": d.min_score, "keep_top_fraction": d.keep_top_fraction,
+                       "threshold": thresholds[col], "buckets": [b.model_dump() for b in d.buckets] if d.buckets else None}
+                      for col, name, d in decisions],
+        "quantiles": quantiles,
+        "histograms": report,
+        "scores_reused": all(r["reused"] for r in results),
+        "scoring": {"docs": scored_rows, "chars": chars, "cpu_seconds": round(cpu, 3),
+                    "docs_per_cpu_second": round(scored_rows / cpu, 1) if cpu else None,
+                    "mb_per_cpu_second": round(chars / 1e6 / cpu, 3) if cpu else None},
+        "scores_dir": str(cdir) if fc.keep_scores else None,
+    }
+    write_json_atomic(marker, {"scoring_hash": scoring_hash, "complete": True, "finished_utc": utc_now()})
+    kwargs = {"rules": rules, "combine": combine, "mean_of": mean_of,
+              "buckets": bool(combine.get("buckets") or any(r["buckets"] for r in rules))}
+    return kwargs, stats
+
+
+def finish_classifier_stats(learned_stats: dict, stats: dict) -> dict:
+    """The classifier stats of the scoring pass with what the decision tasks counted: documents scored and
+    kept per source, the quality buckets, and the examples closest to each threshold (3 a side)."""
+    out = dict(learned_stats)
+    out["by_source"] = stats.pop("classifier_docs", {})
+    if "quality_buckets" in stats:
+        out["buckets"] = stats.pop("quality_buckets")
+    examples = stats.pop("classifier_examples", {})
+    out["examples"] = {}
+    for col, sides in examples.items():
+        kept = sorted(sides.get("kept", {}).items(), key=lambda kv: (kv[1][0], int(kv[0])))[:3]
+        gone = sorted(sides.get("removed", {}).items(), key=lambda kv: (-kv[1][0], int(kv[0])))[:3]
+        out["examples"][col] = {side: [{"uid": int(u), "score": v[0], "id": v[1], "text": v[2]} for u, v in rows]
+                                for side, rows in (("kept", kept), ("removed", gone))}
+    return out
 
 
 def blocked_list(fc: FilterConfig) -> Optional[dict]:
