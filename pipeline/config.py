@@ -41,6 +41,17 @@ MAX_WORKERS = 1 << 10  # worker processes / reader threads
 MAX_NGRAM = 256
 MAX_SEED = (1 << 32) - 1  # numpy's RandomState, MindSpore's and SentencePiece's seeds are uint32
 MAX_SEED64 = (1 << 64) - 1  # xxh3 and numpy's default_rng seeds
+MAX_EPOCHS = 1000.0  # copies of a mixture rule's tokens: more is no mixture but a bug (the draw plan grows with it)
+MAX_TOKENS = 1 << 50  # a token budget: ~1e15, far past any pretraining run
+
+
+def _wants_number(annotation: Any) -> bool:
+    """Whether a field takes only numbers or booleans (Optional allowed): then a quoted value is refused."""
+    import typing
+
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] if typing.get_origin(annotation) \
+        in (Union, getattr(__import__("types"), "UnionType", Union)) else [annotation]
+    return bool(args) and all(a in (int, float, bool) for a in args)
 
 
 def _check_text(value: Any) -> Any:
@@ -67,6 +78,15 @@ class _Section(BaseModel):
     @classmethod
     def _valid_unicode(cls, v: Any) -> Any:
         return _check_text(v)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_quoted_numbers(cls, v: Any, info: Any) -> Any:
+        """`validation: "0.5"` is refused, not coerced: a quoted number in YAML is a mistake to point at."""
+        if isinstance(v, str) and info.field_name in cls.model_fields \
+                and _wants_number(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"give a number or true/false, not the string {v[:40]!r} (remove the quotes)")
+        return v
 
 
 class InputConfig(_Section):
@@ -835,8 +855,11 @@ class MixMatch(_Section):
         None, description="The document's language column: with filter.language.enabled the fastText model's ISO 639-1 "
         "codes (zh, en, ja, fr, de ...; und: no letters); otherwise zh (CJK at least filter.scripts.cjk_share of the "
         "letters), en (Latin at least half) or other.")
+    quality_bucket: Optional[list[str]] = Field(
+        None, description="The document's quality_bucket: the name of a filter.classifiers bucket its score fell in "
+        "(as Nemotron-CC weights its buckets); one name or a list.")
 
-    @field_validator("source", "path", "language", mode="before")
+    @field_validator("source", "path", "language", "quality_bucket", mode="before")
     @classmethod
     def _one_or_list(cls, v: Any) -> Any:
         return _as_list(v)
@@ -855,10 +878,11 @@ class MixMatch(_Section):
     @model_validator(mode="after")
     def _some_condition(self) -> "MixMatch":
         if not any(getattr(self, k) for k in type(self).model_fields):
-            raise ValueError("a mix rule's match needs at least one of source, path, language")
-        for k in ("source", "path"):
+            raise ValueError("a mix rule's match needs at least one of source, path, language, quality_bucket")
+        for k in ("source", "path", "quality_bucket"):
             if getattr(self, k) is not None and (not getattr(self, k) or any(not p for p in getattr(self, k))):
-                raise ValueError(f"match.{k}: give one or more non-empty glob patterns")
+                raise ValueError(f"match.{k}: give one or more non-empty " + ("bucket names" if k == "quality_bucket"
+                                                                              else "glob patterns"))
         return self
 
     def label(self) -> str:
@@ -871,11 +895,13 @@ class MixRule(_Section):
     match: MixMatch
     weight: Optional[float] = Field(None, gt=0, description="Share of the output tokens, relative to the other weighted "
                                     "rules (documents of an epochs/tokens rule that also match count toward it).")
-    tokens: Optional[int] = Field(None, gt=0, description="A token budget: exactly this many tokens (to one document).")
-    epochs: Optional[float] = Field(None, gt=0, description="Its tokens times this (2: every document twice; 0.5: a "
-                                    "seeded half).")
-    max_epochs: float = Field(1.0, gt=0, description="Cap on repetition for weight and tokens: at most this many "
-                              "copies of the rule's tokens (1: never repeated; the report shows a shortfall instead).")
+    tokens: Optional[int] = Field(None, gt=0, le=MAX_TOKENS, description="A token budget: exactly this many tokens "
+                                  "(to one document; at most 2^50).")
+    epochs: Optional[float] = Field(None, gt=0, le=MAX_EPOCHS, description="Its tokens times this (2: every document "
+                                    "twice; 0.5: a seeded half; at most 1000).")
+    max_epochs: float = Field(1.0, gt=0, le=MAX_EPOCHS, description="Cap on repetition for weight and tokens: at most "
+                              "this many copies of the rule's tokens (1: never repeated; the report shows a shortfall "
+                              "instead; at most 1000).")
 
     @model_validator(mode="after")
     def _one_target(self) -> "MixRule":
@@ -892,8 +918,8 @@ class MixConfig(_Section):
     sources: list[MixRule] = Field(default_factory=list, description="Rules in order; a document belongs to the first "
                                    "rule it matches. Empty: no mixing (every kept document once).")
     rest: Literal["keep", "drop"] = Field("keep", description="Documents no rule matches: kept once, or left out.")
-    total_tokens: Optional[int] = Field(None, gt=0, description="Output tokens in all; null: the largest total that "
-                                        "no weighted rule's max_epochs forbids.")
+    total_tokens: Optional[int] = Field(None, gt=0, le=MAX_TOKENS, description="Output tokens in all (at most 2^50); "
+                                        "null: the largest total that no weighted rule's max_epochs forbids.")
     seed: int = Field(0, ge=0, le=MAX_SEED64, description="Seed of the draws (which documents fill a fraction of an "
                       "epoch), by a hash of each document's text.")
 
