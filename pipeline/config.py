@@ -12,17 +12,10 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
+from corpusmill.stages.base import ConfigError  # noqa: F401 - defined there so trainer/ raises it without pipeline/
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 CONFIG_VERSION = 2
-
-
-class ConfigError(ValueError):
-    """A config problem, with the file and key it concerns (`keys`: the dotted keys at fault, when known)."""
-
-    def __init__(self, message: str, keys: Optional[list[str]] = None):
-        super().__init__(message)
-        self.keys = list(keys or [])
 
 
 # Upper bounds of sizes and counts, checked when the config is read, before any work: a value past them

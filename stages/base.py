@@ -7,6 +7,7 @@ map it over partitions and merge the stats (see docs/architecture.md).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -20,7 +21,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .manifest import file_sha256  # noqa: F401 - one sha256 for parts, shards and tokenizers
+
+class ConfigError(ValueError):
+    """A config problem, with the file and key it concerns (`keys`: the dotted keys at fault, when known).
+    Raised by pipeline/ and trainer/ alike, so it lives below both."""
+
+    def __init__(self, message: str, keys: Optional[list[str]] = None):
+        super().__init__(message)
+        self.keys = list(keys or [])
+
 
 # The document contract between steps: uid is int64 and unique across a run.
 DOC_SCHEMA = pa.schema(
@@ -35,6 +44,7 @@ DOC_SCHEMA = pa.schema(
         ("language_score", pa.float64()),  # ... and its probability (null without the model)
     ]
 )
+
 
 REMOVED_SCHEMA = pa.schema(
     [
@@ -195,3 +205,30 @@ def read_table(path: str | Path, columns: Optional[list[str]] = None) -> pa.Tabl
         table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
         return table.select(columns) if columns else table
     return pq.read_table(path, columns=columns)
+
+
+# ---- files: one sha256 for parts, shards, tokenizers and models; paths that must stay inside a folder
+
+def file_sha256(path: str) -> str:
+    """sha256 of a file, read in 4 MiB blocks into one reused buffer."""
+    h = hashlib.sha256()
+    buf = bytearray(4 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def inside(root: str, rel: str) -> tuple[str, Optional[str]]:
+    """(absolute path, why it is not usable) for a manifest path: it must resolve, through any
+    symlinks, to a place inside `root`."""
+    path = os.path.join(root, rel)
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real_root, real]) != real_root:
+        return path, f"resolves to {real}, outside the shard folder (a symlink out?)"
+    return path, None

@@ -23,6 +23,8 @@ import sqlite3
 import struct
 from typing import Any, Optional
 
+from .base import file_sha256, inside  # noqa: F401 - generic file checks; kept importable from here
+
 FORMAT = "corpusmill-shards/1"
 MANIFEST_NAME = "manifest.json"
 MINDRECORD_NAME = re.compile(r"\.mindrecord\d*$")  # what mindformers' loader collects under dataset_dir
@@ -314,17 +316,6 @@ def summary_line(shards_dir: str, problems: list[str]) -> str:
     return f"shards in {shards_dir} do not check out: {_one_line(problems)}"
 
 
-def inside(root: str, rel: str) -> tuple[str, Optional[str]]:
-    """(absolute path, why it is not usable) for a manifest path: it must resolve, through any
-    symlinks, to a place inside `root`."""
-    path = os.path.join(root, rel)
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(path)
-    if os.path.commonpath([real_root, real]) != real_root:
-        return path, f"resolves to {real}, outside the shard folder (a symlink out?)"
-    return path, None
-
-
 def layout_problems(shards_dir: str, manifest: dict[str, Any]) -> list[str]:
     """Checks that read no file: the manifest agrees with itself, and every listed file and its
     `.db` exist inside the folder."""
@@ -402,22 +393,6 @@ def consistency_problems(m: dict[str, Any]) -> list[str]:
             problems.append(f"{e['path']}: tokens {e['tokens']} + pad_tokens {e['pad_tokens']} is not samples "
                             f"{e['samples']} x sample_length {m['sample_length']}")
     return problems
-
-
-def file_sha256(path: str) -> str:
-    """sha256 of a file, read in 4 MiB blocks into one reused buffer."""
-    import hashlib
-
-    h = hashlib.sha256()
-    buf = bytearray(4 << 20)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
-    return h.hexdigest()
 
 
 def _sha256_bytes(path: str) -> tuple[str, bytes]:

@@ -190,7 +190,7 @@ def pair_problems(root: str, entry: dict[str, Any], vocab_size: int, eos_id: int
     then the index (header, version, dtype, counts against the file size), the pointers against the
     lengths and the `.bin` size, the document index, and every id below the vocabulary, every
     document ending with EOS."""
-    from .manifest import file_sha256, inside
+    from .base import file_sha256, inside
 
     rel = entry["prefix"]
     problems = []

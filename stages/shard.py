@@ -488,7 +488,7 @@ def verify_shard_dir(shards_dir: str) -> tuple[list[str], dict]:
 
 
 _ROW_MARK = "corpusmill-rows "
-_ROW_CHILD = "import sys; from stages.shard import _row_child; _row_child()"
+_ROW_CHILD = "from corpusmill.stages.shard import _row_child; _row_child()"
 
 
 def _row_child() -> None:
@@ -531,16 +531,14 @@ def read_rows_isolated(files: list[tuple[str, str]], window: int, global_ranks: 
     import subprocess
     import sys
 
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "GLOG_v": os.environ.get("GLOG_v", "3"),
-           "PYTHONPATH": os.pathsep.join([here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    env = {**os.environ, "GLOG_v": os.environ.get("GLOG_v", "3")}  # the installed package, as the parent imports it
     results: dict[str, dict] = {}
     pending, want_split = list(files), global_ranks is not None
     while True:
         job = {"files": [list(f) for f in pending], "window": window, "global_ranks": global_ranks if want_split else None}
         try:
             proc = subprocess.run([sys.executable, "-c", _ROW_CHILD], input=json.dumps(job), capture_output=True,
-                                  text=True, errors="replace", timeout=timeout, env=env, cwd=here)
+                                  text=True, errors="replace", timeout=timeout, env=env)
             out, why = proc.stdout, None
             if proc.returncode < 0:
                 why = f"MindSpore's reader crashed on it (killed by {signal.Signals(-proc.returncode).name})"

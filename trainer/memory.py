@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from corpusmill.pipeline.config import ConfigError
+from corpusmill.stages.base import ConfigError
 
 GiB = 2 ** 30
 # Fitted to the peak RSS of `train` on MindSpore 2.10 CPU (PyNative), model 2 x 64 unless said, seq

@@ -17,7 +17,7 @@ import numpy as np
 
 from corpusmill.stages.base import write_json_atomic, write_text_atomic
 
-from corpusmill.pipeline.config import ConfigError
+from corpusmill.stages.base import ConfigError
 
 from . import checkpoint
 from .memory import compiles
