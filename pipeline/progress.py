@@ -93,7 +93,7 @@ class RunProgress:
         except OSError:
             # a full disk has no room for a second copy: the run's end state still has to be told, so
             # rewrite the file in place (truncating frees its blocks first); a reader may then see a
-            # half-written file for a moment, which read_progress treats as no progress yet
+            # half-written file for a moment, which the service and `corpusmill` status readers treat as no progress yet
             if self.doc["state"] == "running":
                 return
             try:
@@ -103,11 +103,3 @@ class RunProgress:
             except OSError:
                 return
         self._last_write = time.perf_counter()
-
-
-def read_progress(out: Path) -> Optional[dict]:
-    """The run's progress.json, or None when the run has not written one."""
-    try:
-        return json.loads((Path(out) / PROGRESS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None

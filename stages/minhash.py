@@ -31,14 +31,6 @@ def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(a, dtype=np.uint32), np.asarray(b, dtype=np.uint32)
 
 
-def fmix32(h: np.ndarray) -> np.ndarray:
-    h = h ^ (h >> np.uint32(16))
-    h = h * np.uint32(0x85EBCA6B)
-    h = h ^ (h >> np.uint32(13))
-    h = h * np.uint32(0xC2B2AE35)
-    return h ^ (h >> np.uint32(16))
-
-
 def signatures(hashes64: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
     """(n_docs, num_perm) uint32 MinHash signatures from flat shingle hashes and offsets (a compiled
     loop per document, `sketch.minhash`).

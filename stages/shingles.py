@@ -278,12 +278,3 @@ def shingle_hashes_multi(texts: pa.Array, specs: list[ShingleSpec]) -> list[tupl
     starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     return [sketch.fold_ngrams(comp, starts, np.where(cjk, s.char_ngram, s.word_ngram).astype(np.int64)) for s in specs]
-
-
-def _ranges(counts: np.ndarray) -> np.ndarray:
-    """Concatenated aranges: [0..c0), [0..c1), ..."""
-    total = int(counts.sum())
-    if total == 0:
-        return np.empty(0, dtype=np.int64)
-    ends = np.cumsum(counts)
-    return np.arange(total, dtype=np.int64) - np.repeat(ends - counts, counts)
