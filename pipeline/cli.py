@@ -521,9 +521,9 @@ def _log_sample(led: dict) -> None:
 
 
 def _cmd_run(args) -> int:
+    cfg = _load(args.config)  # before the runner's imports (Dask): a bad config fails in a second
     from .runner import Pipeline
 
-    cfg = _load(args.config)
     if args.scheduler:
         cfg.cluster.address = args.scheduler
     if args.sample is not None:
@@ -714,15 +714,6 @@ def _cmd_train(args) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings drown the progress lines
     args = _build_parser().parse_args(argv)
-    from pydantic import ValidationError
-
-    from .config import ConfigError
-    from .ledger import LedgerError
-    from .runner import PipelineError
-    from corpusmill.stages.read import InputError
-    from corpusmill.stages.tokenize import TokenizerError
-    from corpusmill.trainer.data import ShardMismatch
-
     handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train, "config": _cmd_config, "dedup": _cmd_dedup,
                 "shards": _cmd_shards, "tokenizer": _cmd_tokenizer, "doctor": _cmd_doctor,
                 "quality": _cmd_quality,
@@ -730,11 +721,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     previous_sigterm = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # Slurm, Kubernetes, `timeout`
     try:
         return handlers[args.command](args)
-    except (ConfigError, InputError, PipelineError, LedgerError, ShardMismatch, ConnectionError, TokenizerError,
-            FileNotFoundError) as e:
+    except _loaded(_USER_ERRORS) + (ConnectionError, FileNotFoundError) as e:
         print(f"corpusmill: error: {e}", file=sys.stderr)
         return 2
-    except ValidationError as e:  # a command-line value out of range (config files are checked by load_config)
+    except _loaded(_FLAG_ERRORS) as e:  # a command-line value out of range (config files are checked by load_config)
         print(f"corpusmill: error: {_flag_error(e)}", file=sys.stderr)
         return 2
     except OSError as e:  # outside a run's stages (those name the stage themselves)
@@ -747,6 +737,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 143 if isinstance(e, Terminated) else 130
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+# The errors that are the user's to fix, each a one-line message and exit 2, named by (module, class) so
+# that catching them imports nothing: a command that fails on its config never loads Dask or MindSpore,
+# and a class whose module was never imported cannot have been raised.
+_USER_ERRORS = (("corpusmill.stages.base", "ConfigError"), ("corpusmill.stages.read", "InputError"),
+                ("corpusmill.pipeline.step", "PipelineError"), ("corpusmill.pipeline.ledger", "LedgerError"),
+                ("corpusmill.stages.manifest", "ShardMismatch"), ("corpusmill.stages.tokenize", "TokenizerError"))
+_FLAG_ERRORS = (("pydantic", "ValidationError"),)
+
+
+def _loaded(names: tuple[tuple[str, str], ...]) -> tuple[type, ...]:
+    """The classes among `names` whose modules are imported (evaluated when an exception is caught)."""
+    return tuple(getattr(sys.modules[m], c) for m, c in names if m in sys.modules)
 
 
 class Terminated(KeyboardInterrupt):
