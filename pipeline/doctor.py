@@ -13,7 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 from .resources import SHARD_BYTES_PER_INPUT_BYTE, STAGE_BYTES_PER_INPUT_BYTE
 
@@ -243,14 +243,77 @@ def check_files(cfg: Any) -> list[Check]:
                             "fix the permissions"))
     except InputError as e:
         checks.append(Check("input", ERROR, str(e), "fix input.paths"))
-    model = cfg.tokenizer.model
-    if model:
-        ok = os.path.exists(model) and os.access(model, os.R_OK)  # a file, or a Hugging Face folder
-        checks.append(Check("tokenizer", OK if ok else ERROR,
-                            f"{model} " + ("is readable" if ok else "does not exist or is unreadable"),
-                            "fix tokenizer.model, or set it to null to train one on the corpus"))
-    else:
-        checks.append(Check("tokenizer", OK, "none given: one will be trained on a sample of the corpus"))
+    return checks
+
+
+TOKENIZER_FIX = "fix tokenizer.model (or tokenizer.kind), or set it to null to train one on the corpus"
+
+
+def check_tokenizer(cfg: Any) -> list[Check]:
+    """The given tokenizer loaded for real, as the tokenize step will load it (its kind, its special
+    tokens, its vocabulary against train.model.vocab_size): a truncated tokenizer.json, an empty
+    vocabulary or a SentencePiece file given as `kind: hf` stops the run here, named by the user's
+    path, not after read, filter and dedup have run."""
+    tc = cfg.tokenizer
+    model = tc.model
+    if not model:
+        return [Check("tokenizer", OK, "none given: one will be trained on a sample of the corpus")]
+    if not (os.path.exists(model) and os.access(model, os.R_OK)):  # a file, or a Hugging Face folder
+        return [Check("tokenizer", ERROR, f"tokenizer.model {model} does not exist or is unreadable", TOKENIZER_FIX)]
+    from corpusmill.stages import tokenize
+    from corpusmill.stages import tokenizer_kinds as kinds
+
+    try:
+        kind = tc.kind or kinds.detect_kind(model)
+        spec = tokenize.spec_of(kind, tc.tiktoken_pattern, tc.tiktoken_special_tokens)
+        tok = kinds.load(model, spec)
+        if tok.vocab_size <= 0:
+            raise tokenize.TokenizerError(f"{model} holds an empty vocabulary")
+        report = tokenize.check_tokenizer(model, add_bos=tc.add_bos, add_eos=tc.add_eos, pad_id=tc.pad_id,
+                                          model_vocab_size=cfg.train.model.vocab_size, sample_texts=[],
+                                          max_unk_rate=tc.max_unk_rate, spec=spec,
+                                          tokens={"bos": tc.bos_token, "eos": tc.eos_token, "pad": tc.pad_token})
+    except (kinds.TokenizerFormatError, tokenize.TokenizerError, OSError) as e:
+        said = str(e).removeprefix("tokenizer ").strip()
+        shown = said if said.startswith(model) else f"{model}: {said}"
+        given = f" (given as kind {tc.kind})" if tc.kind else ""
+        return [Check("tokenizer", ERROR, f"tokenizer.model {shown}{given}".splitlines()[0][:400], TOKENIZER_FIX)]
+    except Exception as e:  # noqa: BLE001 - a library's own error on a damaged file: still one line naming it
+        return [Check("tokenizer", ERROR, f"tokenizer.model {model} cannot be loaded as {kind}: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:200] if str(e) else ''}", TOKENIZER_FIX)]
+    return [Check("tokenizer", OK, f"{model} loads as {report.kind}: vocabulary {report.vocab_size:,}, eos {report.eos_id}, "
+                  f"pad {report.pad_id}")]
+
+
+def check_eval_sets(cfg: Any) -> list[Check]:
+    """Every decontaminate.sets[] file read through before any work: a missing set, a line that is no
+    JSON object, or a set none of whose items has the configured fields."""
+    from .steps.decontaminate import check_eval_set
+
+    checks = []
+    for i, s in enumerate(cfg.decontaminate.sets):
+        problem = check_eval_set(s.path, s.fields)
+        checks.append(Check("evaluation set", ERROR if problem else OK,
+                            f"decontaminate.sets[{i}].path {s.path}: {problem or 'readable JSONL'}",
+                            "fix decontaminate.sets[].path (a JSONL file of items) or its fields"))
+    return checks
+
+
+def check_reference_runs(cfg: Any) -> list[Check]:
+    """Each earlier run of dedup.reference (`dedup --against`): its index and every file it names,
+    against the sizes and checksums recorded when the index was written (an older index: each
+    Parquet file's footer opened)."""
+    from .steps.dedup.reference import verify_reference
+
+    checks = []
+    for i, run_dir in enumerate(cfg.dedup.reference):
+        problems, summary = verify_reference(run_dir)
+        for line in problems:
+            checks.append(Check("reference run", ERROR, f"dedup.reference[{i}] {line}",
+                                "rerun the earlier run with dedup.write_index: true (corpusmill dedup --write-index), "
+                                "or leave it out of dedup.reference / --against"))
+        if not problems:
+            checks.append(Check("reference run", OK, f"dedup.reference[{i}] {run_dir}: {summary}"))
     return checks
 
 
@@ -301,19 +364,31 @@ def check_screening(cfg: Any) -> list[Check]:
 
 
 def run_checks(cfg: Any = None, out: Optional[str] = None, *, mindspore: bool = True,
-               disk_usage: Callable[[str], Any] = shutil.disk_usage, available_memory: Optional[int] = None) -> list[Check]:
-    """Every check that applies: the environment alone without a config, everything with one."""
+               disk_usage: Callable[[str], Any] = shutil.disk_usage, available_memory: Optional[int] = None,
+               steps: Optional[Collection[str]] = None) -> list[Check]:
+    """Every check that applies: the environment alone without a config, everything with one. `steps`:
+    the plan's step names (the files only a step that does not run would read are not checked); None:
+    every file the config names (`corpusmill doctor`)."""
     checks = check_packages()
     if mindspore:
         checks += check_mindspore()
     if cfg is not None:
+        wanted = (lambda step: True) if steps is None else (lambda step: step in steps)  # noqa: E731
         checks += check_cpus(cfg)
         checks += check_memory(cfg, available_memory, _cluster(cfg))
         if cfg.input.paths:
             checks += check_files(cfg)
             checks += check_disk(cfg, out, disk_usage)
+        if wanted("tokenize"):
+            checks += check_tokenizer(cfg)
         checks += check_scheduler(cfg)
         checks += check_screening(cfg)
+        if cfg.decontaminate.sets and wanted("decontaminate"):
+            checks += check_eval_sets(cfg)
+        if cfg.dedup.reference and wanted("reference_dedup"):
+            checks += check_reference_runs(cfg)
+        if cfg.mix.sources and cfg.input.paths and wanted("tokenize"):
+            checks += check_mix(cfg, out, disk_usage, available_memory)
     return checks
 
 
@@ -332,3 +407,154 @@ def _cluster(cfg: Any) -> Optional[tuple[int, Optional[int]]]:
 
 def errors(checks: list[Check]) -> list[Check]:
     return [c for c in checks if c.status == ERROR]
+
+
+# ---- the mixture's size ---------------------------------------------------------------------------
+# what a mixture rule that repeats documents costs: the pack step's plan holds every copy in the driver
+# (stages.pack.with_copies and document_order: uid, key, n_tokens, row, doc hash, code, the sort: about 160
+# bytes a copy at its peak), and the shards hold every copy's ids (int32, with MindRecord's overhead)
+PLAN_BYTES_PER_COPY = 160
+SHARD_BYTES_PER_TOKEN = 4.5
+MIX_FIX = "lower the rule's epochs / max_epochs / tokens, or match fewer documents"
+
+
+def _size(n: float) -> str:
+    """Bytes as MiB below a GiB, else GiB."""
+    return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.1f} GiB"
+
+
+def _repeats(rule: Any) -> float:
+    """At most how many times a rule repeats each of its documents (its epochs, or its max_epochs cap)."""
+    return float(rule.epochs if rule.epochs is not None else rule.max_epochs)
+
+
+def _records(path: str) -> tuple[int, bool]:
+    """(at most how many documents a file holds, whether that is a count rather than a guess): lines of
+    a plain JSONL file, rows of a Parquet file, one for a .txt/.html file; a compressed or WARC file by
+    its size (a record of at least 64 bytes)."""
+    name = path.lower()
+    try:
+        if name.endswith(".jsonl"):
+            lines, last = 0, b"\n"
+            with open(path, "rb") as f:
+                while block := f.read(16 << 20):
+                    lines += block.count(b"\n")
+                    last = block[-1:]
+            return lines + (last != b"\n"), True
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(path).metadata.num_rows, True
+        if name.endswith((".txt", ".html", ".htm")):
+            return 1, True
+        return max(1, os.path.getsize(path) // 64), False
+    except Exception:  # noqa: BLE001 - the input checks report an unreadable file
+        return max(1, os.path.getsize(path) // 64), False
+
+
+def check_mix(cfg: Any, out: Optional[str], disk_usage: Callable[[str], Any] = shutil.disk_usage,
+              available: Optional[int] = None) -> list[Check]:
+    """Before any work, what each mixture rule that repeats documents can cost at most: its copies in
+    the pack step's plan (driver memory) and its tokens in the shards (disk), from the input files it
+    can match (a path match: exactly those files, not counting files an earlier path-only rule takes;
+    other matches: every input file, as the source or language of a document is known only after
+    reading). Over the limit: an error when the rule's files are known (path-only), else a warning, and
+    the run checks the real counts again after tokenize, before the plan is made."""
+    import fnmatch
+
+    from corpusmill.stages.read import display_path, expand_inputs
+    from corpusmill.trainer.memory import available_memory
+
+    try:
+        files = expand_inputs(cfg.input.paths) if cfg.input.paths else []
+    except Exception:  # noqa: BLE001 - the input check reports it
+        return []
+    available = available_memory() if available is None else available
+    probe = Path(out or ".").resolve()
+    while not probe.exists():
+        probe = probe.parent
+    free = disk_usage(str(probe)).free
+    sizes = {f: os.path.getsize(f) for f in files}
+    records: dict[str, tuple[int, bool]] = {}
+    claimed: set[str] = set()
+    checks = []
+    for i, rule in enumerate(cfg.mix.sources):
+        m = rule.match
+        path_only = bool(m.path) and not (m.source or m.language or m.quality_bucket)
+        mine = [f for f in files if f not in claimed and (not m.path or any(
+            fnmatch.fnmatchcase(display_path(f), g) for g in m.path))]
+        if path_only:
+            claimed.update(mine)  # the first matching rule owns a document
+        repeats = _repeats(rule)
+        if repeats <= 1 or not mine:
+            continue
+        for f in mine:
+            if f not in records:
+                records[f] = _records(f)
+        docs = sum(records[f][0] for f in mine)
+        counted = all(records[f][1] for f in mine)
+        plan = repeats * docs * PLAN_BYTES_PER_COPY
+        shards = repeats * sum(sizes[f] for f in mine) * SHARD_BYTES_PER_INPUT_BYTE
+        if rule.tokens is not None:
+            shards = min(shards, rule.tokens * SHARD_BYTES_PER_TOKEN)
+        kind = "epochs" if rule.epochs is not None else "max_epochs"
+        what = (f"mix.sources[{i}] ({rule.label()}): {kind} {repeats:g} over up to {docs:,} input "
+                f"{'records' if counted else 'records (guessed from the size)'} in {len(mine)} of {len(files)} files: "
+                f"up to {repeats * docs:,.0f} copies, about {_size(plan)} for the pack plan of "
+                f"{_size(available or 0)} available, and {_size(shards)} of shards of {_size(free)} free")
+        over = (available is not None and plan > FIT_SHARE_MIX * available) or shards > free
+        status = (ERROR if path_only and counted else WARNING) if over else OK
+        if over and status == WARNING:
+            what += " (if it matched every input document; the real counts are checked after tokenize)"
+        checks.append(Check("mixture", status, what, MIX_FIX))
+    return checks
+
+
+FIT_SHARE_MIX = 0.8  # of the available memory the pack step's plan may take
+
+
+def mix_plan_problem(cfg: Any, tokenize_stats: dict, available: Optional[int], free: Optional[int]) -> Optional[str]:
+    """One line when the mixture's plan cannot fit, from the tokenize step's counts per (source,
+    language) (known only then): each repeating rule's copies and tokens at most (a group counts for
+    the first rule whose source and language match; a rule with a path or quality_bucket condition
+    counts every group it could match), checked before the pack step builds the plan. None: it fits."""
+    import fnmatch
+
+    from corpusmill.stages.composition import flatten
+
+    groups = flatten(tokenize_stats.get("by_group", {}))
+    owned: set[tuple[str, str]] = set()
+    copies = tokens = 0.0
+    worst: Optional[tuple[float, str]] = None
+    for i, rule in enumerate(cfg.mix.sources):
+        m = rule.match
+        sure = not (m.path or m.quality_bucket)
+        hits = [g for g in groups if g not in owned
+                and (not m.source or any(fnmatch.fnmatchcase(g[0], p) for p in m.source))
+                and (not m.language or g[1] in m.language)]
+        if sure:
+            owned.update(hits)
+        repeats = _repeats(rule)
+        docs = sum(groups[g].get("docs", 0) for g in hits)
+        toks = sum(groups[g].get("tokens", 0) for g in hits)
+        rule_tokens = min(repeats * toks, rule.tokens) if rule.tokens is not None else repeats * toks
+        copies += repeats * docs
+        tokens += rule_tokens
+        line = (f"mix.sources[{i}] ({rule.label()}): {'epochs' if rule.epochs is not None else 'max_epochs'} "
+                f"{repeats:g} makes up to {repeats * docs:,.0f} copies of {docs:,} documents ({rule_tokens:,.0f} tokens)")
+        if worst is None or repeats * docs > worst[0]:
+            worst = (repeats * docs, line)
+    rest = [g for g in groups if g not in owned]
+    if cfg.mix.rest == "keep":
+        copies += sum(groups[g].get("docs", 0) for g in rest)
+        tokens += sum(groups[g].get("tokens", 0) for g in rest)
+    plan, shards = copies * PLAN_BYTES_PER_COPY, tokens * SHARD_BYTES_PER_TOKEN
+    if worst is None:
+        return None
+    if available is not None and plan > FIT_SHARE_MIX * available:
+        return (f"{worst[1]}: the pack step's plan of {copies:,.0f} copies needs about {_size(plan)}, "
+                f"{_size(available)} are available; {MIX_FIX}")
+    if free is not None and shards > free:
+        return (f"{worst[1]}: the shards of {tokens:,.0f} tokens need about {_size(shards)}, "
+                f"{_size(free)} are free; {MIX_FIX}")
+    return None

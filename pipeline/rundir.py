@@ -48,6 +48,48 @@ def file_stamp(path: str | Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns]
 
 
+DIGEST = "xxh3_128"  # the checksum a run records of the files a later run reads (its dedup index)
+
+
+def file_digest(path: str | Path, chunk: int = 8 << 20) -> str:
+    """XXH3-128 of a file's bytes, read in pieces (several GB/s: a whole run's index is checked in
+    seconds, where sha256 would take minutes)."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            if not block:
+                return h.hexdigest()
+            h.update(block)
+
+
+def describe_files(root: Path, rels: list[str]) -> dict[str, dict[str, Any]]:
+    """{path relative to `root`: {bytes, xxh3_128}} of files a later run will read, recorded when they
+    are written, so a damaged, cut or swapped file is named before that run does any work."""
+    return {rel: {"bytes": os.path.getsize(root / rel), DIGEST: file_digest(root / rel)} for rel in rels}
+
+
+def verify_files(root: Path, recorded: dict[str, Any]) -> list[str]:
+    """One line per recorded file that is missing, of another size or another checksum."""
+    problems = []
+    for rel, want in sorted(recorded.items()):
+        path = root / rel
+        try:
+            size = os.path.getsize(path)
+        except OSError as e:
+            problems.append(f"{path}: {'missing' if isinstance(e, FileNotFoundError) else e.strerror or e}")
+            continue
+        if not isinstance(want, dict) or size != want.get("bytes"):
+            problems.append(f"{path}: {size:,} bytes, {want.get('bytes') if isinstance(want, dict) else '?'} when the "
+                            "index was written (cut, grown or replaced)")
+        elif file_digest(path) != want.get(DIGEST):
+            problems.append(f"{path}: its {DIGEST} checksum differs from the one recorded when the index was written "
+                            "(the bytes were changed)")
+    return problems
+
+
 def read_task_marker(path: Path) -> Optional[dict[str, Any]]:
     """A task marker ({link, fingerprint, files, result}), or None when it is unreadable (a marker
     is written atomically, so that means it was damaged after the fact: the task reruns)."""

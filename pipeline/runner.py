@@ -164,6 +164,8 @@ class Pipeline:
         that is not resumable has no folder or marker of its own and runs every time)."""
         if step.resumable and self.resume and self._reuse(step, link):
             return
+        if step.name in ("pack", "shard") and self.cfg.mix.sources and "tokenize" in self.results:
+            self._check_mix_plan()
         folder = self.out
         if step.resumable and self.resume:
             folder, kept = self.rundir.resume_folder(step.name, link or "")
@@ -204,6 +206,18 @@ class Pipeline:
         # shuffles and its driver-side merges are not tasks that `run_tasks` follows with a release)
         release_memory()
         ctx.on_every_worker(release_memory)
+
+    def _check_mix_plan(self) -> None:
+        """The mixture's plan against the memory and disk it will take, from the tokenize step's real
+        counts (the preflight could only bound them by the input): one line naming the rule instead of
+        an allocation failure in the plan; the steps done so far are kept (--resume after lowering it)."""
+        from corpusmill.trainer.memory import available_memory
+
+        from .doctor import mix_plan_problem
+
+        problem = mix_plan_problem(self.cfg, self.stats["tokenize"], available_memory(), _free_bytes(self.out))
+        if problem:
+            raise PipelineError(problem)
 
     def _reuse(self, step: Step, link: Optional[str]) -> bool:
         """Take the step's result from its marker when an earlier run finished it with this link."""
@@ -267,12 +281,15 @@ class Pipeline:
     def _preflight(self) -> None:
         """`corpusmill doctor`'s checks for this config (all but mindspore.run_check, which the doctor
         runs in a child process): warnings are logged, any error stops the run before work starts."""
-        from .doctor import ERROR, WARNING, run_checks
+        from .doctor import ERROR, OK, WARNING, run_checks
 
-        checks = run_checks(self.cfg, str(self.out), mindspore=False)
+        checks = run_checks(self.cfg, str(self.out), mindspore=False, steps=set(self.plan.names()))
         plan = next((c for c in checks if c.name == "memory"), None)
         if plan is not None:  # the resource plan, printed before any work (pipeline/resources.py)
             self.log("resource plan: " + plan.detail)
+        for c in checks:  # what a repeating mixture rule may cost at most, before any work
+            if c.name == "mixture" and c.status == OK:
+                self.log("mixture bound: " + c.detail)
         for c in checks:
             if c.status == WARNING:
                 self.log(f"  preflight warning: {c.name}: {c.detail} (fix: {c.fix})")

@@ -2,8 +2,8 @@
 
 Requests are checked before anything is queued — the body's size as it arrives (413, chunked or
 not), the config by the same models as a YAML file (422 naming the key: unknown keys, values out of
-their bounds, text that is not valid Unicode), every path against the data roots (403), the run
-directory for symlinks (422), the queue bound (429) — so a job that is accepted can only fail for
+their bounds, text that is not valid Unicode), every path against the data roots (403) and the
+file system's NAME_MAX / PATH_MAX (422), the run directory for symlinks (422), the queue bound (429) — so a job that is accepted can only fail for
 reasons found while running it. Files under a run directory are served without following links.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .. import __version__
 from ..config import ConfigError, escape_text, parse_config
-from .guard import DataRoots, InputError, PathRefused, UnsafeFolder, check_no_links
+from .guard import DataRoots, InputError, PathRefused, PathTooLong, UnsafeFolder, check_no_links
 from .safefs import LinkRefused, read_bytes
 from .status import LOG_NAME, job_counters, job_view, prometheus_text
 from .store import ACTIVE, STATES, JobStore, OutInUse
@@ -227,6 +227,8 @@ def prepare_job(req: JobRequest, roots: DataRoots, job_id: str) -> tuple[dict, l
         out = roots.out_dir("out", req.out, os.path.join(roots.roots[0], "jobs", job_id))
     except PathRefused as e:
         raise _error(403, str(e), [e.key]) from None
+    except PathTooLong as e:
+        raise _error(422, str(e), [e.key]) from None
     except InputError as e:
         raise _error(422, f"config.input.paths: {e}", ["config.input.paths"]) from None
     try:

@@ -55,6 +55,49 @@ class PathRefused(PermissionError):
         self.key, self.path, self.reason = key, path, reason
 
 
+class PathTooLong(ValueError):
+    """A path longer than the file system allows (HTTP 422): refused when the job is submitted, not
+    accepted and then failed by the first open() with ENAMETOOLONG."""
+
+    def __init__(self, key: str, path: str, reason: str):
+        shown = path if len(path) <= 120 else f"{path[:60]}...{path[-40:]} ({len(path):,} characters)"
+        super().__init__(f"{key}: {shown!r} {reason}")
+        self.key = key
+
+
+# bytes a run directory's own files add below `out` (04-near_dedup/signatures/part-00000-00000.parquet.tmp-...,
+# removed/, _tasks/ markers): an `out` this much under PATH_MAX leaves room for every file a job writes there
+RUN_FILES_RESERVE = 160
+
+
+def _limits(path: str) -> tuple[int, int]:
+    """(NAME_MAX, PATH_MAX) of the file system holding `path` (its nearest existing ancestor)."""
+    probe = path
+    while probe and not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    try:
+        return os.pathconf(probe or os.sep, "PC_NAME_MAX"), os.pathconf(probe or os.sep, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return 255, 4096  # Linux's limits
+
+
+def check_length(key: str, raw: str, path: str, reserve: int = 0) -> None:
+    """PathTooLong when a component of the absolute `path` is over NAME_MAX bytes, or the whole (plus
+    `reserve` bytes of files a job writes below it) over PATH_MAX."""
+    name_max, path_max = _limits(path)
+    for part in path.split(os.sep):
+        if len(os.fsencode(part)) > name_max:
+            shown = part if len(part) <= 40 else f"{part[:30]}... ({len(os.fsencode(part)):,} bytes)"
+            raise PathTooLong(key, raw, f"has a component of more than {name_max} bytes (NAME_MAX): '{shown}'")
+    size = len(os.fsencode(path))
+    if size + reserve >= path_max:
+        room = f" with the {reserve} bytes the run's own files add below it" if reserve else ""
+        raise PathTooLong(key, raw, f"is {size:,} bytes long{room}: over the {path_max} of PATH_MAX")
+
+
 class UnsafeFolder(ValueError):
     """A run directory or shards folder holds a symlink, or cannot be checked (HTTP 422)."""
 
@@ -101,6 +144,7 @@ class DataRoots:
         if "\x00" in raw:
             raise PathRefused(key, raw.replace("\x00", "\\0"), "contains a NUL byte")
         path = raw if os.path.isabs(raw) else os.path.join(self.roots[0], raw)
+        check_length(key, raw, os.path.abspath(path))  # realpath of an over-long path is no path at all
         real = os.path.realpath(path)
         return self.check(key, raw, real, allow_root=allow_root)
 
@@ -132,7 +176,10 @@ class DataRoots:
         return resolved
 
     def out_dir(self, key: str, raw: Optional[str], default: str) -> str:
-        return self.resolve(key, raw or default, allow_root=False)
+        """The real run directory, with room below it for every file a job writes there."""
+        real = self.resolve(key, raw or default, allow_root=False)
+        check_length(key, raw or default, real, RUN_FILES_RESERVE)
+        return real
 
     def recheck(self, request: dict) -> None:
         """Check an accepted job's paths again when it starts: it may have waited in the queue while
@@ -153,4 +200,4 @@ class DataRoots:
         check_no_links("out", out)
 
 
-__all__ = ["DataRoots", "InputError", "NOT_PATHS", "PATH_FIELDS", "PathRefused", "UnsafeFolder", "check_no_links"]
+__all__ = ["DataRoots", "InputError", "NOT_PATHS", "PATH_FIELDS", "PathRefused", "PathTooLong", "UnsafeFolder", "check_no_links"]

@@ -21,7 +21,7 @@ import yaml
 
 from ..progress import utc_now
 from corpusmill.stages.base import write_text_atomic
-from .guard import DataRoots, InputError, PathRefused, UnsafeFolder
+from .guard import DataRoots, InputError, PathRefused, PathTooLong, UnsafeFolder
 from .status import LOG_NAME, error_from_log, job_counters, train_dir
 from .store import JobStore
 
@@ -139,7 +139,7 @@ class Supervisor:
         if self.roots is not None:
             try:
                 self.roots.recheck(row["request"])
-            except (PathRefused, InputError, UnsafeFolder) as e:
+            except (PathRefused, PathTooLong, InputError, UnsafeFolder) as e:
                 self.store.update(job_id, state="failed", finished_utc=utc_now(),
                                   error=f"refused at start (paths changed since the job was accepted): {e}")
                 return

@@ -57,6 +57,41 @@ class DecontaminateStep(DocumentStep):
         return StepResult(stats, {"eval_sets": {s.name: s.path for s in dc.sets}})
 
 
+def check_eval_set(path: str, fields: list[str]) -> Optional[str]:
+    """What is wrong with an evaluation set file, as one line (None: it can be used): missing,
+    unreadable, not UTF-8, a line that is no JSON object, no item at all, or no item with any of
+    `fields` (the set would silently remove nothing). The preflight reads it before any work."""
+    import json
+
+    items = with_fields = 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    item = json.loads(line)
+                except ValueError as e:
+                    return f"line {line_no} is not JSON ({e})"
+                if not isinstance(item, dict):
+                    return f"line {line_no} is not a JSON object (a {type(item).__name__})"
+                items += 1
+                with_fields += any(item.get(k) is not None for k in fields)
+    except FileNotFoundError:
+        return "does not exist"
+    except IsADirectoryError:
+        return "is a folder, not a JSONL file"
+    except UnicodeDecodeError as e:
+        return f"is not UTF-8 text (byte {e.start} of a line cannot be decoded)"
+    except OSError as e:
+        return f"cannot be read: {e.strerror or e}"
+    if not items:
+        return "holds no evaluation item (an empty file)"
+    if not with_fields:
+        return f"none of its {items} items has any of the fields {list(fields)} (decontaminate.sets[].fields)"
+    return None
+
+
 def _merge(index: list[tuple]) -> tuple:
     """Several sets' indexes (each with its own fields) as one: labels concatenated, items renumbered."""
     import numpy as np

@@ -34,6 +34,7 @@ from corpusmill.stages import exact_dedup, minhash, near_dedup
 from corpusmill.stages.base import in_sorted, write_json_atomic, write_table_atomic
 
 from ...config import Config
+from ...rundir import DIGEST, describe_files, verify_files
 from ...step import PipelineError, Step, StepContext, StepResult
 from . import removal
 
@@ -111,6 +112,9 @@ class DedupIndexStep(Step):
         write_table_atomic(pa.Table.from_pandas(frame.reset_index(drop=True), preserve_index=False),
                            folder / "keepers.parquet")
         index["keepers"] = "keepers.parquet"
+        # sizes and checksums of every file a later run reads: `dedup --against` names a damaged one before any work
+        root = ctx.rundir.root
+        index["files"] = describe_files(root, [str(p.relative_to(root)) for p in _named_files(root, folder, index)])
         write_json_atomic(folder / INDEX_FILE, index)
         return StepResult({"documents": documents, "exact": index["exact"] is not None,
                            "near": index["near"] is not None})
@@ -134,6 +138,61 @@ def load_index(run_dir: str) -> tuple[Path, dict]:
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
         raise PipelineError(f"dedup.reference {run_dir}: {path} is not a {INDEX_FORMAT} index")
     return folder, index
+
+
+def _named_files(run_dir: Path, folder: Path, index: dict) -> list[Path]:
+    """Every file a later run reads from this index: the exact hashes' parts, the keepers, and the near
+    dedup's signatures and texts (paths in the index are relative to the run directory)."""
+    files = []
+    if isinstance(index.get("exact"), dict):
+        files += sorted((folder / str(index["exact"].get("folder", "exact"))).glob("*.parquet"))
+    if index.get("keepers"):
+        files.append(folder / str(index["keepers"]))
+    near = index.get("near")
+    if isinstance(near, dict):
+        files += [run_dir / str(rel) for rel in [*near.get("signatures", []), *(near.get("texts") or [])]]
+    return files
+
+
+def _opens(path: Path) -> Optional[str]:
+    """What is wrong with a Parquet or Arrow file whose size no index recorded: its footer is read."""
+    try:
+        if path.suffix == ".arrow":
+            with pa.memory_map(str(path)) as source:
+                pa.ipc.open_file(source).schema  # noqa: B018 - opening reads the footer
+        else:
+            pq.ParquetFile(path).metadata  # noqa: B018
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, pa.ArrowException) as e:
+        return f"not a readable {'Arrow' if path.suffix == '.arrow' else 'Parquet'} file ({str(e).splitlines()[0][:160]})"
+    return None
+
+
+def verify_reference(run_dir: str) -> tuple[list[str], str]:
+    """(one line per problem, a summary when there is none) for an earlier run named in
+    dedup.reference: its index, and each file it names against the size and checksum recorded when
+    it was written (an index written before they were recorded: each file exists and its Parquet
+    footer opens). A file deleted from the exact hashes' folder, or one added to it, is named too."""
+    try:
+        folder, index = load_index(run_dir)
+    except PipelineError as e:
+        return [str(e).removeprefix(f"dedup.reference {run_dir}: ")], ""
+    root = Path(run_dir)
+    named = _named_files(root, folder, index)
+    if isinstance(index.get("exact"), dict) and not (folder / str(index["exact"].get("folder", "exact"))).is_dir():
+        return [f"{folder / str(index['exact'].get('folder', 'exact'))}: the exact hashes' folder is missing"], ""
+    recorded = index.get("files")
+    if isinstance(recorded, dict):
+        problems = verify_files(root, recorded)
+        rels = {str(p.relative_to(root)) for p in named if p.is_relative_to(root)}
+        problems += [f"{root / rel}: not written by that run (no size or checksum recorded for it)"
+                     for rel in sorted(rels - set(recorded))]
+        how = f"{len(recorded)} files match their recorded sizes and {DIGEST} checksums"
+    else:
+        problems = [f"{p}: {why}" for p in named if (why := _opens(p))]
+        how = f"{len(named)} files open (an older index: no checksums recorded)"
+    return problems, "" if problems else f"index of {how}"
 
 
 def _keepers(folder: Path, index: dict) -> pd.DataFrame:
