@@ -259,6 +259,8 @@ def test_paths_outside_the_data_roots_are_refused(server, data_root, tmp_path):
         ("config.input.paths", {**base, "input": {**base["input"], "paths": ["link-out"]}}, {}),
         ("config.input.paths", {**base, "input": {**base["input"], "paths": ["link-*/*.jsonl"]}}, {}),
         ("config.tokenizer.model", {**base, "tokenizer": {"model": "/etc/hostname"}}, {}),
+        ("config.filter.classifiers[0].model",
+         {**base, "filter": {"classifiers": [{"name": "hq", "model": "/etc/hostname", "min_score": 0.5}]}}, {}),
         ("out", base, {"out": str(tmp_path / "run")}),
         ("out", base, {"out": "../elsewhere-out"}),
         ("out", base, {"out": str(data_root)}),

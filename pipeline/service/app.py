@@ -215,6 +215,8 @@ def prepare_job(req: JobRequest, roots: DataRoots, job_id: str) -> tuple[dict, l
                                                                       cfg.filter.blocked_words.file)
         for i, s in enumerate(cfg.decontaminate.sets):
             config["decontaminate"]["sets"][i]["path"] = roots.resolve(f"config.decontaminate.sets[{i}].path", s.path)
+        for i, c in enumerate(cfg.filter.classifiers):  # fastText models: files read by every worker
+            config["filter"]["classifiers"][i]["model"] = roots.resolve(f"config.filter.classifiers[{i}].model", c.model)
         shards = None
         if req.kind == "train":
             if not req.shards:

@@ -28,7 +28,8 @@ from .safefs import find_link
 PATH_FIELDS: dict[tuple[str, ...], str] = {
     ("input", "paths"): "inputs",
     ("tokenizer", "model"): "file",  # or a Hugging Face folder holding tokenizer.json
-    ("dedup", "reference"): "folders",  # earlier run directories (read only); decontaminate.sets[].path: "file"
+    ("dedup", "reference"): "folders",  # earlier run directories (read only); decontaminate.sets[].path and
+    # filter.classifiers[].model (lists of models, resolved one by one in app.py): "file"
     ("filter", "blocked_words", "file"): "file",  # the user's word list
 }
 NOT_PATHS: set[tuple[str, ...]] = {
@@ -40,7 +41,7 @@ NOT_PATHS: set[tuple[str, ...]] = {
     ("tokenizer", "tiktoken_special_tokens"), ("shard", "format"), ("shard", "megatron_split"),
     ("filter", "scripts", "keep"), ("filter", "language", "keep"), ("normalize", "chinese_convert"),
     *((("pii", kind, key)) for kind in ("email", "phone", "id_number", "bank_card", "ip") for key in ("action", "token")),
-    ("pack", "mode"), ("pack", "remainder"), ("mix", "rest"),
+    ("pack", "mode"), ("pack", "remainder"), ("mix", "rest"), ("filter", "classifier_combine", "mode"),
     ("shard", "layout"), ("shard", "remainder"), ("shard", "verify"),
     ("cluster", "address"), ("cluster", "memory_limit"), ("cluster", "dashboard_address"),
     ("train", "num_parallel_workers"), ("train", "precision"),
@@ -190,6 +191,8 @@ class DataRoots:
             self.resolve_inputs("config.input.paths", config["input"]["paths"])
         if config["tokenizer"].get("model"):
             self.resolve("config.tokenizer.model", config["tokenizer"]["model"])
+        for i, c in enumerate(config.get("filter", {}).get("classifiers") or []):
+            self.resolve(f"config.filter.classifiers[{i}].model", c["model"])
         if request.get("shards"):
             if self.resolve("shards", request["shards"]) != request["shards"]:
                 raise PathRefused("shards", request["shards"], "now leads through a symlink")
