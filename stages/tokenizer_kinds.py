@@ -172,6 +172,16 @@ class SentencePieceTokenizer(Tokenizer):
         except Exception as e:  # noqa: BLE001 - sentencepiece raises bare OSError/RuntimeError
             raise TokenizerFormatError(f"{path} is not a SentencePiece model: {e}") from None
         self.vocab_size = self.sp.GetPieceSize()
+        self._fast: Optional[tuple] = None
+
+    def fast_encoder(self) -> tuple:
+        """(the exact piece-cache encoder, "") or (None, why the model is declined), built once per
+        process (`stages.piece_cache`)."""
+        if self._fast is None:
+            from . import piece_cache
+
+            self._fast = piece_cache.build(self.sp, self.path)
+        return self._fast
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         return [np.asarray(x, dtype=np.int32) for x in self.sp.encode(texts, return_type="numpy", num_threads=1)]

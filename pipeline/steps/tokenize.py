@@ -116,13 +116,29 @@ class TokenizeStep(Step):
         stats, _ = ctx.map_parts(self.reads, folder, tokenize.tokenize_batch,
                                  {"model_path": str(model_path), "add_bos": tc.add_bos, "add_eos": tc.add_eos,
                                   "batch_docs": tc.batch_docs, "spec": info.spec(), "bos_id": info.bos_id,
-                                  "eos_id": info.eos_id}, reader="arrow", split_mb=TOKENIZE_SLICE_MB,
+                                  "eos_id": info.eos_id, "fast_encode": tc.fast_encode,
+                                  "verify_sample": tc.verify_sample}, reader="arrow", split_mb=TOKENIZE_SLICE_MB,
                                  suffix=".arrow", columns=["uid", "text", "source", "language"],  # uncompressed Arrow IPC: 3x faster to write than zstd Parquet
                                  fingerprint=info.sha256,  # a resumed try keeps the parts of this tokenizer file only
                                  balance_text=True)  # equal text per slice: equal rows left one worker the long tail
+        self._report_encoder(ctx, stats)
         stats["prepare_s"] = round(prepared - started, 3)  # sample, train or copy the model, checks
         stats["encode_s"] = round(time.perf_counter() - prepared, 3)
         return StepResult(stats, {"tokenizer": info})
+
+    @staticmethod
+    def _report_encoder(ctx: StepContext, stats: dict) -> None:
+        """Which encoder ran (the exact piece cache or the plain one, and why), its cache hit rate and
+        the documents checked against the plain encoder, in the log and the stats."""
+        cache = stats.get("fast_cache")
+        if cache:
+            stats["cache_hit_rate"] = round(cache["hits"] / max(1, cache["lookups"]), 4)
+            ctx.log(f"  tokenize: exact piece-cache encoder: {cache['lookups']:,} pieces, {stats['cache_hit_rate']:.1%} "
+                    f"from the cache, {cache['pieces_encoded']:,} encoded by SentencePiece, {cache['long_pieces']:,} "
+                    f"long ones uncached; {stats.get('verified_docs', 0):,} documents re-encoded by the plain "
+                    "encoder, all identical")
+        elif stats.get("fast_declined"):
+            ctx.log(f"  tokenize: plain encoder (the fast path declined this model: {stats['fast_declined']})")
 
     def _sample(self, ctx: StepContext, kept_docs: int) -> list[str]:
         tc = ctx.cfg.tokenizer
@@ -419,6 +435,9 @@ def _mix(ctx: StepContext, index: list[dict], codes: list[np.ndarray], pairs: li
     in the driver from the index alone; returns the index with the copies, their codes, and what
     each rule asked for and got."""
     from corpusmill.stages import read
+    from corpusmill.stages.classifier import bucket_shares
+
+    from .filter import mix_buckets
 
     mc = ctx.cfg.mix
     if any("doc_hash" not in x for x in index):
@@ -430,8 +449,10 @@ def _mix(ctx: StepContext, index: list[dict], codes: list[np.ndarray], pairs: li
     paths = [read.display_path(f) for f in read.expand_inputs(ctx.cfg.input.paths)]
     rules = [{"name": r.label(), **r.match.model_dump(), "weight": r.weight, "tokens": r.tokens, "epochs": r.epochs,
               "max_epochs": r.max_epochs} for r in mc.sources]
-    owner, home = mixing.match_rules(pairs, all_codes, (uids >> 32).astype(np.int64), paths, rules)
+    buckets = mix_buckets(ctx, uids, rules)  # each document's quality_bucket (filter.classifiers buckets; None: none)
+    owner, home = mixing.match_rules(pairs, all_codes, (uids >> 32).astype(np.int64), paths, rules, buckets)
     copies, summary = mixing.plan_mix(tokens, hashes, owner, home, rules, mc.rest, mc.total_tokens, mc.seed)
+    summary["quality_buckets"] = bucket_shares(buckets, tokens, copies) if buckets is not None else None
     bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     out_index, out_codes = [], []
     for i, x in enumerate(index):
