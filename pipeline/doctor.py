@@ -341,7 +341,7 @@ def check_screening(cfg: Any) -> list[Check]:
         except (OSError, ValueError) as e:
             checks.append(Check("blocked words", ERROR, f"{cfg.filter.blocked_words.file}: "
                                 f"{getattr(e, 'strerror', None) or e}", "fix filter.blocked_words.file"))
-    if cfg.filter.classifiers:
+    if cfg.filter.classifiers or any(r.match.quality_bucket for r in cfg.mix.sources):
         from corpusmill.stages.classifier import check_classifier_models
 
         problems = check_classifier_models(cfg)

@@ -14,10 +14,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusmill.stages.base import DOC_SCHEMA, REMOVED_SCHEMA, BatchResult, read_rows, read_table, write_table_atomic
+from corpusmill.stages.base import REMOVED_SCHEMA, BatchResult, doc_schema, read_rows, read_table, write_table_atomic
 
 
-def _as_table(data: Any, schema: pa.Schema) -> pa.Table:
+def _as_table(data: Any, schema: Optional[pa.Schema]) -> pa.Table:
     """A kernel's frame as a table of `schema`; a nullable column the frame lacks (a part written
     before the column existed, a kernel that builds its frame anew) is written as nulls."""
     if isinstance(data, pa.Table):
@@ -42,7 +42,8 @@ def run_batch_part(fn: Callable[..., Any], in_path: str, out_dir: str, reader: s
         result, extra = result
     assert isinstance(result, BatchResult)
     name = name or Path(in_path).stem + suffix
-    write_table_atomic(_as_table(result.kept, DOC_SCHEMA), Path(out_dir) / name)
+    kept_schema = doc_schema(result.kept.columns) if isinstance(result.kept, pd.DataFrame) else None
+    write_table_atomic(_as_table(result.kept, kept_schema), Path(out_dir) / name)  # optional columns kept (quality_bucket)
     if result.removed is not None and len(result.removed):
         write_table_atomic(_as_table(result.removed, REMOVED_SCHEMA), Path(out_dir) / "removed" / (Path(name).stem + ".parquet"))
     files = [name]

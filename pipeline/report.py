@@ -510,9 +510,19 @@ def _mixture(r: ReportInputs) -> list[str]:
     lines.append(f"| (no rule: {rest['policy']}) | | | {100 * rest['share_delivered']:.2f}% | | "
                  f"{rest['tokens_delivered']:,} | | {rest['documents'] if rest['policy'] == 'keep' else 0:,} / "
                  f"{rest['documents']:,} | 0 | {0 if rest['policy'] == 'keep' else rest['documents']:,} |")
-    return lines + ["", "(Shares are of the tokens drawn, before packing; a weighted rule counts the documents of an "
-                    "epochs/tokens rule that also match it. The shards' shares per source and language are under "
-                    "'By source and language'.)", ""]
+    lines += ["", "(Shares are of the tokens drawn, before packing; a weighted rule counts the documents of an "
+              "epochs/tokens rule that also match it. The shards' shares per source and language are under "
+              "'By source and language'.)", ""]
+    buckets = mix.get("quality_buckets")
+    if buckets:  # filter.classifiers buckets: what each delivers to the training shards
+        lines += ["Quality buckets in the training shards (`quality_bucket`; tokens drawn by the mixture):", "",
+                  "| bucket | documents drawn / available | copies | tokens available | tokens delivered | share of "
+                  "the tokens |", "|---|---:|---:|---:|---:|---:|"]
+        for name, b in buckets.items():
+            lines.append(f"| {_md_escape(name)} | {b['documents_drawn']:,} / {b['documents']:,} | {b['copies']:,} | "
+                         f"{b['tokens_available']:,} | {b['tokens_delivered']:,} | {100 * b['share_delivered']:.2f}% |")
+        lines.append("")
+    return lines
 
 
 def _training(r: ReportInputs) -> list[str]:

@@ -45,6 +45,16 @@ DOC_SCHEMA = pa.schema(
     ]
 )
 
+# Columns a document part may carry beyond DOC_SCHEMA: written by the step that makes them, passed on by every
+# later document step. quality_bucket: the filter.classifiers bucket of a kept document's score (null: no bucket
+# holds it), present only when buckets are configured, so the parts of one run all have it or none has.
+OPTIONAL_DOC_FIELDS = (pa.field("quality_bucket", pa.string()),)
+
+
+def doc_schema(columns: Any) -> pa.Schema:
+    """DOC_SCHEMA with the OPTIONAL_DOC_FIELDS among `columns` (a frame's columns), in that order."""
+    have = set(columns)
+    return pa.schema(list(DOC_SCHEMA) + [f for f in OPTIONAL_DOC_FIELDS if f.name in have])
 
 REMOVED_SCHEMA = pa.schema(
     [

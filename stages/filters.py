@@ -90,7 +90,7 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
     if lines_removed.any():
         out["text"] = pd.arrays.ArrowExtensionArray(texts)
     if classifiers and classifiers.get("buckets"):
-        out["quality_bucket"] = pd.array(verdict.bucket, dtype="string")  # not in DOC_SCHEMA yet: see the README
+        out["quality_bucket"] = pd.array(verdict.bucket, dtype="string")  # base.OPTIONAL_DOC_FIELDS: passed on to the shards
     removed_out = removed_frame(df[drop], pd.Series(reason[drop]), pd.Series(score[drop]), pd.Series(threshold[drop]),
                                 text_chars=audit_text_chars)
     counts = pd.Series(reason[drop]).value_counts().to_dict() if drop.any() else {}

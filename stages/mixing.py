@@ -48,11 +48,12 @@ def rule_kind(rule: dict) -> str:
 
 
 def match_rules(pairs: list[tuple[str, str]], codes: np.ndarray, files: np.ndarray, paths: list[str],
-                rules: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+                rules: list[dict], buckets: Optional[tuple[list[str], np.ndarray]] = None) -> tuple[np.ndarray, np.ndarray]:
     """Per document: the first rule it matches (its owner; -1: none, the rest), and the weighted rule
     its tokens count toward (its owner when weighted; for a document of an epochs/tokens rule, the
     first weighted rule it also matches; -1: none). `codes` index `pairs` ((source, language));
-    `files` index `paths` (the input files)."""
+    `files` index `paths` (the input files); `buckets`: (names, each document's quality_bucket as an
+    index into them, -1: none), for rules matching by quality_bucket (stages.classifier.part_buckets)."""
     import fnmatch
 
     n = len(codes)
@@ -68,6 +69,9 @@ def match_rules(pairs: list[tuple[str, str]], codes: np.ndarray, files: np.ndarr
         if rule.get("path"):
             ok_file = np.array([any(fnmatch.fnmatchcase(p, g) for g in rule["path"]) for p in paths], bool)
             hit &= ok_file[files] if len(paths) else np.zeros(n, bool)
+        if rule.get("quality_bucket"):
+            hit &= np.isin(buckets[1], [k for k, b in enumerate(buckets[0]) if b in rule["quality_bucket"]]) \
+                if buckets is not None else np.zeros(n, bool)
         owner[hit & (owner < 0)] = r
         if rule_kind(rule) == "weight":
             fixed_owner = np.isin(owner, [k for k, x in enumerate(rules) if rule_kind(x) != "weight"])

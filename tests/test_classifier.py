@@ -300,4 +300,112 @@ def test_a_run_whose_model_is_damaged_stops_with_one_line_before_scoring(e2e, da
     cfg["filter"]["classifiers"][0]["model"] = str(cut)
     with pytest.raises(PipelineError) as e:
         Pipeline(parse_config(cfg), tmp_path / "out", client=dask_client, log=lambda m: None).run()
-    assert "filter.classifiers.0.model" in str(e.value) and "truncated" in str(e.value) and "\n" not in str(e.value)
+    # the preflight (corpusmill doctor's checks) stops it: one line per problem, naming the key
+    line = next(x for x in str(e.value).splitlines() if "filter.classifiers.0.model" in x)
+    assert "truncated" in line and "Traceback" not in str(e.value)
+    assert not (tmp_path / "out" / "02-filter.classifier-scores").exists()  # before any scoring
+
+
+def test_mix_weights_quality_buckets_and_the_shards_follow_the_weights(trained, dask_client, tmp_path):
+    """Buckets as Nemotron-CC weights them: quality_bucket written by the filter, passed on through exact dedup,
+    matched by mix.sources[].match.quality_bucket; the shards' tokens (counted by the shard step per source, and
+    here the model puts each source in one bucket) follow the weights 3:1."""
+    from corpusmill.pipeline.runner import Pipeline
+    from corpusmill.stages.classifier import check_classifier_models
+    from tests.conftest import LENGTH_ONLY_FILTER
+
+    rng = random.Random(21)
+    corpus = tmp_path / "corpus"
+    for k in range(2):
+        write_jsonl(corpus / f"books{k}.jsonl", [prose_en(rng) for _ in range(30)], "books")
+        write_jsonl(corpus / f"dict{k}.jsonl", [entry_en(rng) for _ in range(60)], "dict")
+    buckets = [{"name": "high", "min": 0.5}, {"name": "low", "min": 0, "max": 0.5}]
+    cfg = {"input": {"paths": [str(corpus)], "part_size_mb": 0.004},
+           "filter": {"length": {"min_chars": 10}, **LENGTH_ONLY_FILTER, "boilerplate_lines": {"enabled": False},
+                      "classifiers": [{"name": "q", "model": str(trained["model"]), "buckets": buckets}]},
+           "dedup": {"exact": True, "minhash": {"enabled": False}},
+           "mix": {"sources": [{"match": {"quality_bucket": "high"}, "weight": 3},
+                               {"match": {"quality_bucket": ["low"]}, "weight": 1}], "rest": "drop"},
+           "tokenizer": {"train": {"vocab_size": 600}}, "pack": {"seq_length": 32},
+           "shard": {"ranks": 1, "files_per_rank": 1}}
+    wrong = json.loads(json.dumps(cfg))
+    wrong["mix"]["sources"][1]["match"]["quality_bucket"] = "medium"
+    problems = check_classifier_models(parse_config(wrong))
+    assert problems == ["mix.sources.1.match.quality_bucket: 'medium' is not a bucket of filter.classifiers "
+                        "(its buckets: high, low)"]
+    out = tmp_path / "out"
+    Pipeline(parse_config(cfg), out, client=dask_client, log=lambda m: None).run()
+    kept = pd.concat([pq.read_table(f).to_pandas() for f in sorted((out / "02-filter").glob("part-*.parquet"))])
+    assert {s: set(g) for s, g in kept.groupby("source")["quality_bucket"]} == {"books": {"high"}, "dict": {"low"}}
+    deduped = sorted(out.glob("03*dedup*/part-*.parquet"))
+    assert deduped and all("quality_bucket" in pq.read_schema(f).names for f in deduped)
+    ledger = json.loads((out / "ledger.json").read_text())
+    shards = {g["source"]: g["shards"]["tokens"] for g in ledger["composition"]["groups"] if "shards" in g}
+    assert shards["books"] / (shards["books"] + shards["dict"]) == pytest.approx(0.75, abs=0.03), shards
+    delivered = ledger["mix"]["quality_buckets"]
+    assert set(delivered) == {"high", "low"} and delivered["high"]["share_delivered"] == pytest.approx(0.75, abs=0.02)
+    assert delivered["high"]["documents"] == (kept["source"] == "books").sum()
+    assert "Quality buckets in the training shards" in (out / "report.md").read_text()
+
+
+def test_scores_are_the_same_on_a_real_scheduler_and_worker_whatever_the_partitioning(trained, tmp_path):
+    """`dask scheduler` + `dask worker` processes on loopback (free ports): one part or three, the scores a worker
+    stores are fastText's predict of the prepared text, bit for bit."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import pyarrow as pa
+
+    from corpusmill.stages.base import write_table_atomic
+
+    rng = random.Random(7)
+    texts = [f(rng) for _ in range(30) for f in (prose_en, entry_en, prose_zh, entry_zh)]
+    table = pa.table({"uid": pa.array(range(len(texts)), pa.int64()), "text": texts,
+                      "source": ["s"] * len(texts), "language": ["zh" if i % 4 > 1 else "en" for i in range(len(texts))]})
+    layouts = {"one": [table], "three": [table.slice(0, 7), table.slice(7, 50), table.slice(57)]}
+    spec = [{"name": "q", "model": str(trained["model"]), "sha256": None, "label": "__label__hq", "match": None,
+             "max_chars": 20000, "lowercase": False, "cjk_spaces": True}]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bin_dir = Path(sys.executable).parent
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    procs = [subprocess.Popen([str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--dashboard-address", "127.0.0.1:0"], **quiet)]
+    try:
+        from distributed import Client
+
+        deadline = time.monotonic() + 120
+        while True:  # the scheduler's port answers
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "the dask scheduler did not start"
+            time.sleep(0.2)
+        procs.append(subprocess.Popen([str(bin_dir / "dask"), "worker", f"tcp://127.0.0.1:{port}", "--nworkers", "1",
+                                       "--nthreads", "1", "--no-dashboard"], **quiet))
+        stored = {}
+        with Client(f"tcp://127.0.0.1:{port}", timeout="60s") as client:
+            client.wait_for_workers(1, timeout=120)
+            for name, pieces in layouts.items():
+                parts = []
+                for k, piece in enumerate(pieces):
+                    write_table_atomic(piece, tmp_path / name / f"part-{k}.parquet")
+                    parts.append((str(tmp_path / name / f"part-{k}.parquet"), str(tmp_path / name / f"scores-{k}.parquet")))
+                client.gather([client.submit(clf.score_part, p, o, spec, [], pure=False) for p, o in parts])
+                stored[name] = pd.concat([pq.read_table(o).to_pandas() for _, o in parts]).set_index("uid").sort_index()
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    assert stored["one"].equals(stored["three"])
+    model = fasttext.load_model(str(trained["model"]))
+    for uid, text in enumerate(texts):
+        labels, probs = model.predict(clf.prepare_text(text), k=-1)
+        assert stored["one"].loc[uid, "classifier_q"] == float(probs[list(labels).index("__label__hq")])

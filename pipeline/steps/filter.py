@@ -240,6 +240,34 @@ def classify(ctx: StepContext, parts: list[str], link: str) -> tuple[dict, dict]
     return kwargs, stats
 
 
+def mix_buckets(ctx: StepContext, uids: np.ndarray, rules: list[dict]) -> Optional[tuple[list[str], np.ndarray]]:
+    """(bucket names, each of `uids`' quality_bucket as an index into them, -1: none) for the mixture
+    (stages.mixing.match_rules) and its report, looked up by uid in the filter step's kept parts (a
+    document's bucket never changes after the filter, and every later step only removes documents);
+    None when no classifier sets buckets and no mix rule matches by them. A rule naming a bucket no
+    classifier has stops the step with one line."""
+    problems = clf.check_mix_buckets(ctx.cfg)
+    if problems:
+        raise PipelineError(problems[0])
+    names = clf.bucket_names(ctx.cfg)
+    if not names:
+        return None
+    try:
+        found = ctx.run([delayed(clf.part_buckets)(p, names) for p in ctx.parts("filter")], "mix: quality buckets")
+    except clf.ClassifierError as e:
+        raise PipelineError(f"mix: {e} (run again without --resume)") from None
+    keys = np.concatenate([u for u, _ in found]) if found else np.empty(0, np.int64)
+    codes = np.concatenate([c for _, c in found]) if found else np.empty(0, np.int16)
+    order = np.argsort(keys, kind="stable")
+    keys, codes = keys[order], codes[order]
+    pos = np.searchsorted(keys, uids).clip(max=max(0, len(keys) - 1))
+    hit = keys[pos] == uids if len(keys) else np.zeros(len(uids), bool)
+    if not hit.all():
+        raise PipelineError(f"mix: {int((~hit).sum())} documents are not in the filter step's parts, so their "
+                            "quality_bucket is unknown (run again without --resume)")
+    return names, codes[pos] if len(keys) else np.empty(0, np.int16)
+
+
 def finish_classifier_stats(learned_stats: dict, stats: dict) -> dict:
     """The classifier stats of the scoring pass with what the decision tasks counted: documents scored and
     kept per source, the quality buckets, and the examples closest to each threshold (3 a side)."""
