@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from corpusmill.pipeline.config import Config
 from corpusmill.pipeline.steps.dedup import signatures
-from corpusmill.pipeline.steps.dedup.exact import _group_counts
+from corpusmill.pipeline.steps.dedup.removal import _group_counts
 from corpusmill.pipeline.steps.export import export_kept_part
 from corpusmill.stages import exact_dedup, near_dedup, quality, read
 from corpusmill.stages.composition import group_counts

@@ -17,7 +17,7 @@ from corpusmill.pipeline.config import parse_config
 from corpusmill.pipeline.engine import _malloc_trim, release_after_every_task
 from corpusmill.pipeline.rundir import RunDir
 from corpusmill.pipeline.step import StepContext
-from corpusmill.pipeline.steps.dedup.exact import _group_counts, passed_on
+from corpusmill.pipeline.steps.dedup.removal import _group_counts, passed_on
 from corpusmill.pipeline.steps.filter import boilerplate_lines
 from corpusmill.stages.base import in_sorted
 from corpusmill.stages.boilerplate import count_lines_part

@@ -11,16 +11,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import dask.dataframe as dd
-import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from dask import delayed
 
 from corpusmill.stages import exact_dedup, near_dedup
-from corpusmill.stages.base import REMOVED_META, in_sorted, merge_stats, write_table_atomic
-from corpusmill.stages.composition import UNKNOWN
+from corpusmill.stages.base import REMOVED_META, write_table_atomic
 
 from ...step import StepContext, StepResult
 from . import removal, signatures
@@ -67,50 +63,13 @@ class ExactDedupStep(removal.DedupStep):
         files = sorted(str(p) for p in (folder / "removed").glob("*.parquet"))
         drop = removal.removed_uids(files)
         if self.defer_removal:
-            stats = passed_on(ctx, sig_files, drop)
+            stats = removal.passed_on(ctx, sig_files, drop)
         else:
             stats = removal.remove_documents(ctx, self.reads, folder, drop, "exact", "exact_dedup: remove", [folder])
         outputs = {}
         if len(drop):
             outputs["examples"] = removal.examples(files, ("id", "duplicate_of_id", "cluster_size"))
         return StepResult(stats, outputs)
-
-
-def passed_on(ctx: StepContext, sig_files: list[str], drop: np.ndarray) -> dict[str, Any]:
-    """The step's counts when its removal is deferred: documents in, out, removed, and `by_group` of
-    what it passes on (as `remove_documents` would count the parts it does not write), from the
-    signature pass's uid, source, language and raw_chars columns, a part per task: read into the
-    driver at once they grew it by 210 MB at 5 GB."""
-    stats: dict[str, Any] = {"docs_in": 0, "docs_out": 0, "removed": {"exact": 0}, "by_group": {}}
-    if not sig_files:
-        return stats
-    drop_future = ctx.broadcast(drop)
-    for part in ctx.run([delayed(passed_on_part)(f, drop_future) for f in sig_files], "dedup: counting what passes on"):
-        merge_stats(stats, part)
-    # as `_group_counts` orders one part's groups: by source, then language
-    stats["by_group"] = {s: dict(sorted(g.items())) for s, g in sorted(stats["by_group"].items())}
-    return stats
-
-
-def passed_on_part(sig_file: str, drop: np.ndarray) -> dict[str, Any]:
-    """`passed_on` of one signature part."""
-    table = pq.read_table(sig_file, columns=["uid", "source", "language", "raw_chars"])
-    uid = table.column("uid").to_numpy()
-    keep = ~in_sorted(uid, drop)
-    return {"docs_in": int(len(uid)), "docs_out": int(keep.sum()), "removed": {"exact": int((~keep).sum())},
-            "by_group": _group_counts(table.filter(pa.array(keep)))}
-
-
-def _group_counts(kept: pa.Table) -> dict:
-    """`group_counts(source, language, chars=raw_chars)` of a table, grouped by Arrow (no Python
-    string per document): the same groups, counts and order (sorted by source, then language)."""
-    text = [pc.fill_null(kept.column(c).cast(pa.string()), UNKNOWN) for c in ("source", "language")]
-    grouped = pa.table({"s": text[0], "l": text[1], "c": kept.column("raw_chars")}).group_by(["s", "l"]).aggregate(
-        [("c", "count"), ("c", "sum")]).sort_by([("s", "ascending"), ("l", "ascending")])
-    out: dict = {}
-    for s, lg, n, chars in zip(*(grouped.column(c).to_pylist() for c in ("s", "l", "c_count", "c_sum"))):
-        out.setdefault(s, {})[lg] = {"docs": int(n), "chars": int(chars or 0)}
-    return out
 
 
 def find_duplicates_in_memory(sig_files: list[str]) -> pd.DataFrame:

@@ -36,7 +36,7 @@ from corpusmill.stages.base import in_sorted, write_json_atomic, write_table_ato
 from ...config import Config
 from ...rundir import DIGEST, describe_files, verify_files
 from ...step import PipelineError, Step, StepContext, StepResult
-from . import removal
+from . import removal, signatures
 
 INDEX_FORMAT = "corpusmill-dedup-index/1"
 INDEX_FILE = "index.json"
@@ -313,7 +313,6 @@ class ReferenceDedupStep(removal.DedupStep):
         import dask.dataframe as dd
 
         from .minhash_edges import lsh_shape
-        from .near import NearDedupStep
 
         cfg, mc = ctx.cfg, ctx.cfg.dedup.minhash
         mine = _near_fingerprint(cfg, self.normalize_opts)
@@ -322,7 +321,7 @@ class ReferenceDedupStep(removal.DedupStep):
                 raise PipelineError(f"dedup.reference {run_dir}: its MinHash signatures were made with other "
                                     "dedup.minhash (word_ngram, char_ngram, num_perm, seed) or dedup.shingling "
                                     "settings than this run's; they cannot be compared")
-        spec = NearDedupStep(self.reads, self.normalize_opts).signature_spec(cfg)
+        spec = signatures.signature_spec(cfg, self.normalize_opts)
         sig_dir = folder / "signatures"
         sig_paths = [str(sig_dir / Path(p).name) for p in parts]
         ctx.run([delayed(near_dedup.signature_part)(p, s, spec) for p, s in zip(parts, sig_paths)],
