@@ -1,8 +1,10 @@
 """Shared fixtures: a real Dask LocalCluster (worker processes) and corpus-writing helpers."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,55 @@ def write_jsonl(path: Path, records: list, raw_lines: dict | None = None) -> Pat
                 f.write(raw_lines[i])
             f.write(json.dumps(rec, ensure_ascii=False).encode() + b"\n")
     return path
+
+
+# ---- WARC files written byte by byte (WARC/1.0 headers, HTTP responses, each record its own gzip member)
+
+WEB_WORDS = "river stone bread light garden winter music paper signal memory window letter".split()
+
+
+def page_html(i: int, words: int = 60) -> bytes:
+    rng = random.Random(i)
+    para = " ".join(rng.choice(WEB_WORDS) for _ in range(words))
+    return (f"<html><head><title>page {i}</title></head><body><article><h1>Page number {i}</h1>"
+            f"<p>{para} marker{i}.</p><p>{para[::-1]} second paragraph of page {i}.</p></article></body></html>").encode()
+
+
+def warc_record(url: str, block: bytes, wtype: str = "response", content_type: str = "application/http; msgtype=response",
+                version: str = "1.0") -> bytes:
+    head = (f"WARC/{version}\r\nWARC-Type: {wtype}\r\nWARC-Target-URI: {url}\r\nWARC-Date: 2024-05-01T10:00:00Z\r\n"
+            f"WARC-Record-ID: <urn:uuid:{abs(hash(url)) % 10**12:012d}>\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(block)}\r\n\r\n").encode()
+    return head + block + b"\r\n\r\n"
+
+
+def http_response(body: bytes, ctype: str = "text/html; charset=utf-8", extra: list[tuple[str, str]] = (),
+                  status: str = "200 OK") -> bytes:
+    lines = [f"HTTP/1.1 {status}", f"Content-Type: {ctype}", *(f"{k}: {v}" for k, v in extra), f"Content-Length: {len(body)}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class Warc:
+    """Records appended one by one; `members` keeps each one's bytes (gzipped alone for .warc.gz) and URL."""
+
+    def __init__(self, gz: bool = True):
+        self.gz = gz
+        self.members: list[tuple[str, bytes]] = []
+
+    def add(self, url: str, block: bytes, **kw) -> int:
+        raw = warc_record(url, block, **kw)
+        self.members.append((url, gzip.compress(raw, compresslevel=6) if self.gz else raw))
+        return len(self.members) - 1
+
+    def page(self, i: int, **http_kw) -> int:
+        return self.add(f"https://site.example/{i}", http_response(page_html(i), **http_kw))
+
+    def offsets(self) -> list[int]:
+        out, at = [], 0
+        for _, blob in self.members:
+            out.append(at)
+            at += len(blob)
+        return out
+
+    def bytes(self) -> bytes:
+        return b"".join(blob for _, blob in self.members)

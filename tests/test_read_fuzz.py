@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from corpusmill.pipeline.cli import main as cli_main
 from corpusmill.stages import read
-from tests.conftest import LENGTH_ONLY_FILTER
+from tests.conftest import LENGTH_ONLY_FILTER, Warc
 
 WORDS = ("river stone bread light garden winter music paper signal memory corpus window letter number model "
          "token quality filter python train shard rank data").split()
@@ -41,6 +41,8 @@ class Truth:
     bad_documents: int = 0  # quarantined documents (a corrupt row group counts its rows)
     lost: dict = field(default_factory=dict)  # file -> (kind, id prefix, records written) for damaged files
     duplicates: int = 0
+    web: dict = field(default_factory=dict)  # url -> a word only its page holds (WARC pages read past a damaged member)
+    web_lost: set = field(default_factory=set)  # urls of the records inside the damaged member
 
 
 class Corpus:
@@ -176,7 +178,13 @@ class Corpus:
         (root / "deep" / "er").mkdir(parents=True)
         _, first = self.good_record()
         plain = read._BOM + json.dumps(first).encode() + b"\n"  # a BOM at the file start is read
-        (root / "plain.jsonl").write_bytes(plain + self.mixed_lines(root / "plain.jsonl", 4800, 0.8, first_line=2))
+        body = plain + self.mixed_lines(root / "plain.jsonl", 2400, 0.8, first_line=2)
+        giant_line = body.count(b"\n") + 1  # one record of 1.5 MiB, over input.max_record_mb, across read blocks
+        self.truth.bad[(read.display_path(str(root / "plain.jsonl")), giant_line)] = "record_too_large"
+        self.truth.bad_documents += 1
+        body += json.dumps({"id": "giant", "text": "x" * (3 << 19)}).encode() + b"\n"
+        body += self.mixed_lines(root / "plain.jsonl", 2400, 0.8, first_line=giant_line + 1)
+        (root / "plain.jsonl").write_bytes(body)
         name = os.path.join(os.fsencode(root), b"caf\xe9-latin1.jsonl")
         with open(name, "wb") as f:
             f.write(self.mixed_lines(Path(os.fsdecode(name)), 1200, 0.8))
@@ -198,6 +206,7 @@ class Corpus:
         self.truth.lost[str(mislabelled)] = ("corrupt_stream", None, 0)
         self.parquet_files()
         self.txt_files()
+        self.warc_file(root / "crawl" / "pages.warc.gz")
         os.symlink(root / "plain.jsonl", root / "deep" / "alias.jsonl")  # the same file: read once
         os.symlink(root, root / "deep" / "er" / "loop")  # a folder loop: the walk ends
         return self.truth
@@ -239,6 +248,21 @@ class Corpus:
         (root / "footer-gone.parquet").write_bytes(b"PAR1" + bytes(self.rng.randrange(256) for _ in range(3000)))
         self.truth.lost[str(root / "footer-gone.parquet")] = ("unreadable_file", None, 0)
 
+    def warc_file(self, path: Path) -> None:
+        """40 pages, each record its own gzip member; one member in the middle is corrupted: its page
+        is inside one lost-input row and the 39 others are read."""
+        warc = Warc()
+        for i in range(40):
+            warc.page(i)
+        data = bytearray(warc.bytes())
+        at = warc.offsets()[17]
+        data[at + 30:at + 90] = bytes(self.rng.randrange(256) for _ in range(60))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(bytes(data))
+        self.truth.web = {url: f"marker{i}" for i, (url, _) in enumerate(warc.members)}
+        self.truth.web_lost = {warc.members[17][0]}
+        self.truth.lost[str(path)] = ("corrupt_stream", None, 0)
+
     def txt_files(self) -> None:
         for i in range(40):
             path = self.root / "txt" / f"doc{i:02d}.txt"
@@ -255,7 +279,8 @@ class Corpus:
 
 def _config(corpus: Path) -> dict:
     return {
-        "input": {"paths": [str(corpus)], "part_size_mb": 1, "block_size_mb": 0.4},  # plain.jsonl: 4 blocks
+        "input": {"paths": [str(corpus)], "part_size_mb": 1, "block_size_mb": 0.4,  # plain.jsonl: 4+ blocks
+                  "max_record_mb": 1},
         "filter": {"length": {"min_chars": 10}, "boilerplate_lines": {"enabled": False}, **LENGTH_ONLY_FILTER},
         "dedup": {"minhash": {"enabled": False}},  # bounded runtime: MinHash sees only what read passed on
         "tokenizer": {"train": {"vocab_size": 600}},
@@ -289,7 +314,8 @@ def test_fuzz_corpus_holds_over_ten_thousand_bad_records_in_every_format(fuzzed)
     truth = fuzzed["truth"]
     assert len(truth.bad) >= 10_000 and truth.bad_documents >= 10_000
     kinds = {read.file_kind(f) for f, _ in truth.bad} | {read.file_kind(f) for f in truth.lost}
-    assert kinds == {"jsonl", "jsonl.gz", "jsonl.zst", "parquet", "txt"}
+    assert kinds == {"jsonl", "jsonl.gz", "jsonl.zst", "parquet", "txt", "warc.gz"}
+    assert "record_too_large" in truth.bad.values() and len(truth.web) == 40
     assert len(truth.good) > 2000
 
 
@@ -313,6 +339,8 @@ def test_fuzz_every_bad_record_is_quarantined_once_and_damaged_files_keep_their_
             head = [i for i in ids if i.startswith(prefix) and i[len(prefix):].isdigit()]
             assert head == [f"{prefix}{k}" for k in range(len(head))] and 0 < len(head) < n
             assert row["after_line"] == len(head) and f"after line {len(head)}" in row["reason"]
+        elif read.file_kind(f).startswith("warc"):  # one damaged member: one lost span, the pages after it read
+            assert row["documents"] == 0 and 0 < row["lost_bytes"] < os.path.getsize(f)
         else:
             assert row["after_line"] == 0 and row["documents"] == 0
 
@@ -341,10 +369,14 @@ def test_fuzz_every_good_record_ends_kept_filtered_or_duplicate_exactly_once(fuz
     assert seen == set(truth.good), sorted(set(truth.good) - seen)[:10]
     assert len([i for i in outcomes if i in truth.good]) == len(truth.good)  # exactly once
     damaged_heads = {v[1] for v in truth.lost.values() if v[1]}
-    strays = [i for i in outcomes if i not in truth.good and not (i[:1] in damaged_heads and i[1:].isdigit())]
+    strays = [i for i in outcomes if i not in truth.good and i not in truth.web
+              and not (i[:1] in damaged_heads and i[1:].isdigit())]
     assert not strays, strays[:10]  # no bad record became a document
+    pages = [i for i in outcomes if i in truth.web]
+    assert sorted(pages) == sorted(set(truth.web) - truth.web_lost)  # each page read past the damage, once
     read_docs = {r["id"]: r for r in _rows(out / "00-read", ["id", "text"])}
     assert all(read_docs[i]["text"] == truth.good[i] for i in truth.good)  # BOMs, NULs, odd Unicode kept as written
+    assert all(truth.web[u] in read_docs[u]["text"] for u in pages)  # each page's own main text
 
 
 @pytest.mark.parametrize("job", ["run", "dedup"])
