@@ -1,4 +1,4 @@
-"""The dedup job's direct path (issue 14, fourth pass), kernel by kernel and without a cluster: the
+"""The dedup job's direct path, kernel by kernel and without a cluster: the
 read step signs each part while it is in memory, the exact hash folds whitespace in one compiled
 loop, and the export drops the found duplicates as it writes kept/. Each must give exactly what the
 slower path it replaces gives (the removed set and the ledger depend on it)."""

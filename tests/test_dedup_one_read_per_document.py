@@ -1,4 +1,4 @@
-"""The fused dedup pass (issue 14, third pass): one read and one normalisation per document give the
+"""The dedup pass that reads each document once: one read and one normalisation per document give the
 exact hash and the near-duplicate signatures; exact dedup's removal is deferred to near dedup's one
 removal pass. Kernels directly, then one small dedup job through the runner."""
 from __future__ import annotations

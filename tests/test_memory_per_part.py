@@ -1,4 +1,4 @@
-"""What keeps a worker's and the driver's memory flat as the corpus grows (issue 19): work that was
+"""What keeps a worker's and the driver's memory flat as the corpus grows: work that was
 done in one place for the whole corpus is done a part at a time, with the same results, and a
 worker gives back what each task freed, shuffle tasks included (real LocalCluster, real files)."""
 from __future__ import annotations

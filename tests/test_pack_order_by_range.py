@@ -1,4 +1,4 @@
-"""The range-partitioned pack order (issue 19) against the whole order in one process: for every
+"""The range-partitioned pack order against the whole order in one process: for every
 group the same documents, segments and codes, the same packed bytes, and the same count of split
 documents, with and without a validation split, with buckets smaller and larger than a group. No
 Dask: the kernels are what the pack step's tasks run."""
