@@ -222,16 +222,28 @@ def score_plots(extra: dict) -> list[tuple[str, str]]:
             share = found["fails"][k] / max(1, found["applies"][k])
             parts.append(f"{r['reason']}: keeps {'≥' if r['kind'] == 'min' else '≤'} {r['threshold']:g} "
                          f"({r['applies_to'].replace('_', '-')}); {share:.1%} fail")
-        ax.set_yscale("log")
-        ax.set_title(column, fontsize=10)
-        ax.tick_params(labelsize=8)
-        ax.legend(fontsize=7, frameon=False)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        plt.close(fig)
-        plots.append(("; ".join(parts), base64.b64encode(buf.getvalue()).decode("ascii")))
+        plots.append(("; ".join(parts), _log_histogram_png(fig, ax, column)))
     return plots
+
+
+def _png(fig) -> str:  # type: ignore[no-untyped-def]
+    """A finished figure as a base64 PNG (the report embeds its images), closed after."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _log_histogram_png(fig, ax, title: str) -> str:  # type: ignore[no-untyped-def]
+    """The score histograms' common finish: a log count axis, the score's name, a small legend."""
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.tick_params(labelsize=8)
+    ax.legend(fontsize=7, frameon=False)
+    return _png(fig)
 
 
 def composition_plot(ledger: Optional[dict]) -> Optional[str]:
@@ -262,11 +274,7 @@ def composition_plot(ledger: Optional[dict]) -> Optional[str]:
     ax.set_ylabel("tokens")
     ax.tick_params(labelsize=8)
     ax.legend(fontsize=7, frameon=False, bbox_to_anchor=(1.01, 1), loc="upper left")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    return _png(fig)
 
 
 def classifier_plots(stats: Optional[dict]) -> list[tuple[str, str]]:
@@ -295,15 +303,7 @@ def classifier_plots(stats: Optional[dict]) -> list[tuple[str, str]]:
         if limits.get(column) is not None:
             ax.axvline(min(1.0, limits[column]), color="#d62728", linestyle="--", linewidth=1.2)
             caption += f"; keeps >= {limits[column]:.4g}"
-        ax.set_yscale("log")
-        ax.set_title(column, fontsize=10)
-        ax.tick_params(labelsize=8)
-        ax.legend(fontsize=7, frameon=False)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        plt.close(fig)
-        plots.append((caption, base64.b64encode(buf.getvalue()).decode("ascii")))
+        plots.append((caption, _log_histogram_png(fig, ax, column)))
     return plots
 
 
