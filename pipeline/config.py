@@ -806,6 +806,16 @@ class ShardConfig(_Section):
         "count", description="Check each file as it is written: count its samples through MindDataset (FileWriter "
         "silently drops rows), or full: also read and hash every sample. `corpusmill shards verify` always does full.")
     write_batch: int = Field(1000, ge=1000, le=1 << 20, description="Rows per FileWriter.write_raw_data call (at least 1000: fewer, larger calls write faster).")
+    eod_metadata: Optional[Literal["actual_seq_len"]] = Field(
+        None, description="actual_seq_len: every MindRecord sample also gets an `actual_seq_len` int32 column, the "
+        "cumulative end of each document within its first seq_length ids (mindformers' compressed EOD mask, as its "
+        "GPTDataset computes it: the position after each EOS, the final EOS not counted, padded with seq_length to "
+        "eod_pad_length entries); the generated YAMLs read it (MindRecord) or turn create_compressed_eod_mask, "
+        "reset_position_ids and reset_attention_mask on (Megatron), and `corpusmill train` attends within documents "
+        "only. null: no such column.")
+    eod_pad_length: int = Field(128, ge=1, le=1 << 16, description="Entries of actual_seq_len per sample "
+                                "(mindformers' eod_pad_length, default 128): a sample holding more document ends than "
+                                "this is refused when shards are written, as mindformers' loader would refuse it.")
 
 
 class SplitConfig(_Section):

@@ -254,6 +254,14 @@ def pair_problems(root: str, entry: dict[str, Any], vocab_size: int, eos_id: int
     return problems
 
 
+def most_document_ends(lengths: np.ndarray, seq_length: int) -> int:
+    """An upper bound on the EOS ids a GPTDataset sample of seq_length ids can hold, whatever order it
+    draws the documents in: the end of one document cut at its start, then the shortest documents
+    one after another (what mindformers' eod_pad_length must cover, or its loader stops)."""
+    ends = np.cumsum(np.sort(np.asarray(lengths, np.int64)))
+    return 1 + int(np.searchsorted(ends, seq_length, side="right"))
+
+
 def data_path(shards_dir: str, pairs: list[dict[str, Any]]) -> list[str]:
     """mindformers' / Megatron's `data_path` blend: weight, absolute prefix, weight, prefix, ... The
     weight is each pair's share of the tokens. The pairs hold the documents the pack step would pack
@@ -267,10 +275,13 @@ def data_path(shards_dir: str, pairs: list[dict[str, Any]]) -> list[str]:
 
 
 def mindformers_snippet(shards_dir: str, pairs: list[dict[str, Any]], seq_length: int, eod_id: int, pad_id: int,
-                        seed: int, workers: Optional[int] = None, mixed: bool = False) -> str:
+                        seed: int, workers: Optional[int] = None, mixed: bool = False,
+                        eod_pad_length: Optional[int] = None) -> str:
     """A `train_dataset` section for mindformers' BlendedMegatronDatasetDataLoader (GPTDataset): the
     data_path blend, seq_length, EOD handling and the tokenizer's eod/pad ids. `sizes` is one epoch
-    of seq_length samples; raise it for more."""
+    of seq_length samples; raise it for more. With `eod_pad_length` (shard.eod_metadata), the loader
+    returns mindformers' compressed EOD mask (create_compressed_eod_mask: actual_seq_len, computed by
+    GPTDataset from the EOS ids in the pairs) instead of a seq_length x seq_length attention mask."""
     import json
 
     workers = workers or max(1, min(8, os.cpu_count() or 1))
@@ -286,7 +297,12 @@ def mindformers_snippet(shards_dir: str, pairs: list[dict[str, Any]], seq_length
                       for w, p, x in zip(weighted[0::2], weighted[1::2], pairs))
     why = ("the mixture mix.sources delivered, as the pairs hold its copies and the weights are their token shares" if mixed
            else "each pair's share of the tokens")
-    columns = json.dumps(["input_ids", "labels", "loss_mask", "position_ids", "attention_mask"])
+    compressed = eod_pad_length is not None
+    columns = json.dumps(["input_ids", "labels", "loss_mask", "position_ids",
+                          "actual_seq_len" if compressed else "attention_mask"])
+    mask = (f"create_attention_mask: False\n      create_compressed_eod_mask: True  # actual_seq_len per sample; set "
+            f"model_config.use_eod_attn_mask_compression: True\n      eod_pad_length: {eod_pad_length}" if compressed
+            else "create_attention_mask: True")
     return f"""# Paste into a mindformers (mcore) pretraining YAML. GPTDataset packs the documents of the
 # Megatron .bin/.idx pairs below into samples of seq_length at train time and blends the pairs by
 # weight: {why}. Documents end with EOS (id {eod_id}); reset_position_ids and
@@ -307,7 +323,7 @@ train_dataset: &train_dataset
       eod_mask_loss: False
       reset_position_ids: True
       reset_attention_mask: True
-      create_attention_mask: True
+      {mask}
       eod: {eod_id}
       pad: {loader_pad}{"  # the tokenizer's pad is its EOS: -1 keeps the EOS tokens" if loader_pad != pad_id else ""}
       data_path:

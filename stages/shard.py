@@ -225,13 +225,36 @@ def _row_digest(row: np.ndarray) -> int:
 
 
 IGNORE_INDEX = -100  # mindformers' label for positions that carry no loss
+ACTUAL_SEQ_LEN = "actual_seq_len"  # mindformers' compressed EOD mask column (GPTDataset, the MindRecord path)
+
+
+def actual_seq_len(ids: np.ndarray, eos_id: int, pad_length: int) -> np.ndarray:
+    """Per sample (rows of seq_length + 1 ids), the cumulative end of each document among its first
+    seq_length ids, as mindformers' GPTDataset computes it (`_get_eod_attention_mask`): the position
+    after each EOS, an EOS in the last position not counted, padded with seq_length to `pad_length`
+    int32 entries. ShardError for a sample with more document ends than that (mindformers refuses it)."""
+    tokens = ids[:, :-1]
+    seq = tokens.shape[1]
+    ends = tokens == eos_id
+    if seq:
+        ends[:, -1] = False
+    counts = ends.sum(axis=1)
+    if len(counts) and int(counts.max()) > pad_length:
+        raise ShardError(f"a sample holds {int(counts.max())} document ends, more than shard.eod_pad_length "
+                         f"{pad_length}: raise it (mindformers' eod_pad_length must match)")
+    out = np.full((len(ids), pad_length), seq, dtype=np.int32)
+    rows, cols = np.nonzero(ends)
+    within = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    out[rows, within] = cols + 1
+    return out
 
 
 SHARD_CHUNK_BYTES = 16 << 20  # ids a shard task holds at a time: its memory stays flat however large the file
 
 
 def write_mindrecord(chunks: Windows | Iterable[Windows], path: str, window: int, write_batch: int,
-                     labels: bool = False, verify: str = "count", rows_total: Optional[int] = None) -> dict[str, Any]:
+                     labels: bool = False, verify: str = "count", rows_total: Optional[int] = None,
+                     eod: Optional[tuple[int, int]] = None) -> dict[str, Any]:
     """Write one file's samples (in position order), then check what MindDataset reads back:
     `count` compares the number of samples (FileWriter silently drops rows that do not match the
     schema), `full` also reads and hashes every sample. Either way the manifest gets a content hash
@@ -239,7 +262,9 @@ def write_mindrecord(chunks: Windows | Iterable[Windows], path: str, window: int
     `labels`, a `labels` column repeats the ids with IGNORE_INDEX on each sample's trailing padding.
     `chunks` may be an iterator of Windows (with `rows_total`), each a multiple of `write_batch`
     rows but the last, so a large file is written without holding it: the writer sees the same
-    batches either way, and so writes the same bytes."""
+    batches either way, and so writes the same bytes. With `eod` (eos id, pad length), an
+    `actual_seq_len` column of exactly pad length int32 per sample (FileWriter drops a row of another
+    shape, and the count check would say so)."""
     from mindspore.mindrecord import FileWriter  # heavy import, only where files are written
 
     if isinstance(chunks, Windows):
@@ -255,6 +280,8 @@ def write_mindrecord(chunks: Windows | Iterable[Windows], path: str, window: int
     schema = {"input_ids": {"type": "int32", "shape": [-1]}}
     if labels:
         schema["labels"] = {"type": "int32", "shape": [-1]}
+    if eod is not None:
+        schema[ACTUAL_SEQ_LEN] = {"type": "int32", "shape": [-1]}
     writer.add_schema(schema, SCHEMA_NAME)
     n_rows, digest_in, pad = 0, 0, 0
     for part in chunks:
@@ -266,13 +293,18 @@ def write_mindrecord(chunks: Windows | Iterable[Windows], path: str, window: int
             masked = matrix.copy()
             masked[np.arange(window)[None, :] >= (window - part.n_pad)[:, None]] = IGNORE_INDEX
             label_rows = list(masked)
+        extra: dict[str, list] = {}
+        if labels:
+            extra["labels"] = label_rows
+        if eod is not None:
+            extra[ACTUAL_SEQ_LEN] = list(actual_seq_len(matrix, *eod))
         digest_in = (digest_in + sum(_row_digest(r) for r in rows)) % (1 << 64)
         for start in range(0, len(rows), write_batch):
             end = start + write_batch
-            if labels:
-                batch = [{"input_ids": r, "labels": lab} for r, lab in zip(rows[start:end], label_rows[start:end])]
-            else:
-                batch = [{"input_ids": r} for r in rows[start:end]]
+            batch = [{"input_ids": r} for r in rows[start:end]]
+            for name, values in extra.items():
+                for row, value in zip(batch, values[start:end]):
+                    row[name] = value
             writer.write_raw_data(batch)
         n_rows += len(rows)
         pad += int(part.n_pad.sum())
@@ -302,7 +334,8 @@ def write_mindrecord(chunks: Windows | Iterable[Windows], path: str, window: int
 
 
 def gather_and_write(parts: list[str], counts: list[int], seed: int, start: int, end: int, used: int, path: str,
-                     window: int, write_batch: int, labels: bool, verify: str) -> dict[str, Any]:
+                     window: int, write_batch: int, labels: bool, verify: str,
+                     eod: Optional[tuple[int, int]] = None) -> dict[str, Any]:
     """One output file's task: pick its windows (positions start..end-1) out of the memory-mapped
     packed parts and write them, SHARD_CHUNK_BYTES of ids at a time. The seeded permutation is
     computed here (once per process: `_kept_positions`) rather than shipped as a shared input, which
@@ -317,7 +350,7 @@ def gather_and_write(parts: list[str], counts: list[int], seed: int, start: int,
     step = max(1, SHARD_CHUNK_BYTES // (4 * window * write_batch)) * write_batch
     rows = file_rows(slices, start, end, used, total)
     chunks = (gather_positions(parts, slices, a, min(a + step, end), used, total, window, rows) for a in range(start, end, step))
-    out = write_mindrecord(chunks, path, window, write_batch, labels, verify, rows_total=end - start)
+    out = write_mindrecord(chunks, path, window, write_batch, labels, verify, rows_total=end - start, eod=eod)
     found = file_groups(parts, rows, start)
     if found is not None:  # the file's share of the shards' composition: the driver only adds them up
         out["sample_group"], out["group_tokens"] = found
@@ -373,7 +406,8 @@ EOD_OUTPUT_COLUMNS = ["input_ids", "position_ids", "attention_mask"]  # what min
 
 
 def mindformers_snippet(shards_dir: str, layout: str, sample_length: int, columns: list[str],
-                        eod_token_id: Optional[int], workers: Optional[int] = None) -> str:
+                        eod_token_id: Optional[int], workers: Optional[int] = None,
+                        eod_pad_length: Optional[int] = None) -> str:
     """A `train_dataset` section stock mindformers reads as it is (its MindDataset loader collects
     the MindRecord files under `dataset_dir` and splits their samples with num_shards = data
     parallel, shard_id = rank). With EOD reset, mindformers' CausalLanguageModelDataset maps
@@ -384,6 +418,8 @@ def mindformers_snippet(shards_dir: str, layout: str, sample_length: int, column
     import json
 
     workers = workers or max(1, min(8, os.cpu_count() or 1))
+    if eod_pad_length is not None:
+        return _compressed_eod_snippet(shards_dir, layout, sample_length, columns, eod_pad_length, workers)
     if eod_token_id is None:
         eod, inputs = "", columns
     else:
@@ -409,6 +445,41 @@ def mindformers_snippet(shards_dir: str, layout: str, sample_length: int, column
     shuffle: True
   input_columns: {json.dumps(inputs)}
 {eod}  num_parallel_workers: {workers}
+  python_multiprocessing: False
+  drop_remainder: True
+  batch_size: 1
+  repeat: 1
+  numa_enable: False
+  prefetch_size: 1
+train_dataset_task:
+  type: CausalLanguageModelDataset
+  dataset_config: *train_dataset
+"""
+
+
+def _compressed_eod_snippet(shards_dir: str, layout: str, sample_length: int, columns: list[str], eod_pad_length: int,
+                            workers: int) -> str:
+    """The `train_dataset` section for shards with an actual_seq_len column: MindDataset yields it as
+    stored (no seq_length x seq_length mask is built on the host), for a model with
+    use_eod_attn_mask_compression. mindformers adds the per-batch offsets to actual_seq_len only for
+    loaders that build it themselves, so the section reads one sample per batch."""
+    import json
+
+    inputs = [c for c in columns if c != ACTUAL_SEQ_LEN] + [ACTUAL_SEQ_LEN]  # mindformers wants it last
+    where = f"{shards_dir}/rank-NNNN" if layout == "per_rank" else "the list of corpus.mindrecordNN files"
+    return f"""# Paste into a mindformers pretraining YAML. Samples are `input_ids` of {sample_length} int32
+# (seq_length + 1) and `actual_seq_len` of {eod_pad_length} int32: the cumulative end of each packed document
+# among the first seq_length ids (mindformers' compressed EOD mask, eod_pad_length {eod_pad_length}), so set
+# model_config.use_eod_attn_mask_compression: True. Its values are per sample: keep batch_size 1 here.
+# For one rank's files only, point dataset_dir at {where}.
+train_dataset: &train_dataset
+  data_loader:
+    type: MindDataset
+    dataset_dir: "{shards_dir}"
+    shuffle: True
+  input_columns: {json.dumps(inputs)}
+  eod_reset: False  # the compressed mask replaces the full mask eod_reset would build
+  num_parallel_workers: {workers}
   python_multiprocessing: False
   drop_remainder: True
   batch_size: 1

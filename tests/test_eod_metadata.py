@@ -111,7 +111,7 @@ def test_every_sample_carries_its_document_ends_and_the_set_verifies(run):
     assert problems == []
 
 
-def test_stock_mindformers_reads_the_mindrecord_column_as_its_own_compressed_mask(run, mindformers_site, tmp_path):
+def test_stock_mindformers_reads_the_mindrecord_column_as_its_own_compressed_mask(run, mindformers_site, tmp_path):  # noqa: F811
     import yaml
 
     shards, manifest = run["shards"], run["manifest"]
@@ -125,7 +125,7 @@ def test_stock_mindformers_reads_the_mindrecord_column_as_its_own_compressed_mas
     assert seen == collections.Counter(_stored(shards, manifest))
 
 
-def test_stock_megatron_loader_turns_the_compressed_mask_on_at_the_pairs_document_ends(run, mindformers_site,
+def test_stock_megatron_loader_turns_the_compressed_mask_on_at_the_pairs_document_ends(run, mindformers_site,  # noqa: F811
                                                                                     pybind11_site, tmp_path):
     import yaml
 

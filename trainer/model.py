@@ -99,13 +99,16 @@ class Attention(nn.Cell):
         rotated = ops.concat((-x2, x1), -1)
         return x * self.cos[:s].astype(x.dtype) + rotated * self.sin[:s].astype(x.dtype)
 
-    def construct(self, x):
+    def construct(self, x, doc_mask=None):
         b, s, h = x.shape
         q = self._rotate(self._split(self.wq(x), b, s), s)
         k = self._rotate(self._split(self.wk(x), b, s), s)
         v = self._split(self.wv(x), b, s)
         scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))).astype(ms.float32) * self.scale
-        probs = ops.softmax(scores + self.mask[:s, :s], -1).astype(v.dtype)
+        scores = scores + self.mask[:s, :s]
+        if doc_mask is not None:  # (b, 1, s, s): packed documents do not see each other
+            scores = scores + doc_mask
+        probs = ops.softmax(scores, -1).astype(v.dtype)
         out = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
         return self.wo(ops.reshape(out, (b, s, h)))
 
@@ -130,13 +133,25 @@ class Block(nn.Cell):
         self.mlp_norm = RMSNorm(shape.hidden_size)
         self.mlp = SwiGLU(shape, compute_dtype)
 
-    def construct(self, x):
-        x = x + self.attn(self.attn_norm(x))
+    def construct(self, x, doc_mask=None):
+        x = x + self.attn(self.attn_norm(x), doc_mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
+def document_mask(actual_seq_len, s: int):
+    """An additive (b, 1, s, s) mask that keeps attention inside each packed document: position i
+    belongs to document k when k of the sample's cumulative document ends (mindformers'
+    actual_seq_len, padded with s) are at or before it. Rotary embeddings are relative, so a
+    document's attention is then the same wherever in the window it starts."""
+    pos = ops.arange(s).astype(ms.int32)
+    doc = (ops.expand_dims(actual_seq_len.astype(ms.int32), 1) <= ops.reshape(pos, (1, s, 1))).astype(ms.int32).sum(-1)
+    same = ops.expand_dims(doc, 2) == ops.expand_dims(doc, 1)
+    return ops.expand_dims((1.0 - same.astype(ms.float32)) * -1e9, 1)
+
+
 class DecoderLM(nn.Cell):
-    """Returns the mean next-token cross-entropy of a batch of `seq_length + 1` id windows."""
+    """Returns the mean next-token cross-entropy of a batch of `seq_length + 1` id windows; with
+    `actual_seq_len` (the shards' compressed EOD metadata), attention stays within each document."""
 
     def __init__(self, shape: ModelShape, ignore_id: int = -1, compute_dtype=ms.float32):
         super().__init__()
@@ -148,13 +163,18 @@ class DecoderLM(nn.Cell):
         self.head = Linear(shape.hidden_size, shape.vocab_size, Normal(0.02), compute_dtype)
         self.ignore_id = ignore_id
 
-    def construct(self, input_ids):
+    def logits(self, input_ids, actual_seq_len=None):
+        """Next-token logits (b, seq_length, vocab) of the first seq_length ids of each window."""
         tokens = input_ids[:, :-1]
-        labels = input_ids[:, 1:]
+        doc_mask = None if actual_seq_len is None else document_mask(actual_seq_len, tokens.shape[1])
         x = self.embed(tokens).astype(self.compute_dtype)  # the residual stream runs in the compute dtype
         for block in self.blocks:
-            x = block(x)
-        logits = self.head(self.norm(x)).astype(ms.float32)
+            x = block(x, doc_mask)
+        return self.head(self.norm(x)).astype(ms.float32)
+
+    def construct(self, input_ids, actual_seq_len=None):
+        labels = input_ids[:, 1:]
+        logits = self.logits(input_ids, actual_seq_len)
         b, s, v = logits.shape
         flat_labels = ops.reshape(labels, (-1,))
         losses = ops.cross_entropy(ops.reshape(logits, (b * s, v)), flat_labels.astype(ms.int32), reduction="none")

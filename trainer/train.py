@@ -49,6 +49,7 @@ class _Session:
         dtype = self._start_mindspore(tcfg.precision)
         self.rank, self.world = self._join_ranks(tcfg.rank, log)
         self.files, self.sharding = rank_files(self.manifest, shards_dir, self.rank)
+        self.documents = has_document_ends(self.manifest)
         self._build_model(tcfg, dtype)
         self.precision = tcfg.precision
         self.scaler = self._loss_scaler(tcfg, log)
@@ -136,8 +137,12 @@ class _Session:
 
         net = self.net
 
-        def scaled_loss(batch, loss_scale):
-            return net(batch) * loss_scale
+        if self.documents:  # (input_ids, actual_seq_len): attention within each packed document
+            def scaled_loss(batch, loss_scale):
+                return net(batch[0], batch[1]) * loss_scale
+        else:
+            def scaled_loss(batch, loss_scale):
+                return net(batch) * loss_scale
 
         self._grad_fn = ms.value_and_grad(scaled_loss, None, self.optimizer.parameters)
         if compile_graph:
@@ -157,10 +162,20 @@ class _Session:
                                                         str(Path(shards_dir) / "manifest.json"), log=log)
         self.num_parallel_workers = int(workers)
         data = rank_dataset(self.files, self.sharding, tcfg.batch_size, self.num_parallel_workers, tcfg.shuffle, tcfg.seed)
+        if self.documents:
+            data = document_dataset(self.files, self.sharding, tcfg.batch_size, self.num_parallel_workers, tcfg.shuffle,
+                                    tcfg.seed)
+            log(f"train: the shards carry {ACTUAL_SEQ_LEN} (shard.eod_metadata): attention stays within each packed "
+                "document")
         if data.get_dataset_size() == 0:
             raise ValueError(f"rank {tcfg.rank} has fewer samples ({self.manifest['samples_per_rank']}) than one batch "
                              f"({tcfg.batch_size})")
         self.batches = data.repeat().create_tuple_iterator(num_epochs=1)
+
+    def next_batch(self) -> Any:
+        """The next micro-batch: input_ids, or (input_ids, actual_seq_len) when the shards carry it."""
+        row = next(self.batches)
+        return tuple(row) if self.documents else row[0]
 
     def _accumulated_gradients(self, micro_batches: list, loss_scale: float) -> tuple[Any, tuple]:
         """(loss, mean gradient) over the micro-batches, unscaled; summed in fp32 buffers, then averaged."""
@@ -199,6 +214,25 @@ class _Session:
         skipped fp16 step does not advance it."""
         applied = int(np.asarray(self.optimizer.global_step.asnumpy()).reshape(-1)[0])
         return float(self._lrs[min(applied, len(self._lrs) - 1)])
+
+
+ACTUAL_SEQ_LEN = "actual_seq_len"  # stages.shard.ACTUAL_SEQ_LEN: the shards' compressed EOD metadata
+
+
+def has_document_ends(manifest: dict) -> bool:
+    """Whether the shards carry each sample's document ends (shard.eod_metadata)."""
+    return ACTUAL_SEQ_LEN in (manifest.get("columns") or {})
+
+
+def document_dataset(files: list[str], sharding: dict, batch_size: int, num_parallel_workers: int, shuffle: bool,
+                     seed: int) -> Any:
+    """`rank_dataset` with the actual_seq_len column beside input_ids (the same files, order and seed)."""
+    import mindspore.dataset as ds
+
+    ds.config.set_seed(seed)
+    data = ds.MindDataset(files, columns_list=["input_ids", ACTUAL_SEQ_LEN], shuffle=shuffle,
+                          num_parallel_workers=num_parallel_workers, **sharding)
+    return data.batch(batch_size, drop_remainder=True)
 
 
 def _finite_mean(values: list[float]) -> float:
@@ -308,7 +342,7 @@ def fit(run: TrainRun, callbacks: list[Callback]) -> None:
         for cb in callbacks:
             cb.on_train_step_begin(run)
         t0 = time.perf_counter()
-        run.micro = [next(session.batches)[0] for _ in range(accumulate)]
+        run.micro = [session.next_batch() for _ in range(accumulate)]
         t1 = time.perf_counter()
         run.loss_scale = session.scaler.scale if session.scaler else None
         run.lr = session.current_lr()
@@ -344,14 +378,15 @@ class Validation(Callback):
         self.every = tcfg.eval_every or max(1, tcfg.steps // 10)
         files = [os.path.join(self.dir, e["path"]) for e in self.manifest["files"]]
         batch = max(1, min(tcfg.batch_size, self.manifest["total_samples"]))
-        data = ds.MindDataset(files, columns_list=["input_ids"], shuffle=False, num_parallel_workers=1)
+        columns = ["input_ids"] + ([ACTUAL_SEQ_LEN] if has_document_ends(self.manifest) else [])
+        data = ds.MindDataset(files, columns_list=columns, shuffle=False, num_parallel_workers=1)
         data = data.batch(batch, drop_remainder=True).take(tcfg.eval_batches)
-        self.batches = [b for (b,) in data.create_tuple_iterator(num_epochs=1)]  # held once: the same ones each time
+        self.batches = [tuple(b) for b in data.create_tuple_iterator(num_epochs=1)]  # held once: the same ones each time
         run.log(f"train: validation loss every {self.every} steps on {len(self.batches)} batches of {batch} held-out "
                 f"samples ({self.manifest['total_samples']} in {self.dir})")
 
     def loss(self, run: TrainRun) -> float:
-        values = [float(run.session.net(b).asnumpy()) for b in self.batches]
+        values = [float(run.session.net(*b).asnumpy()) for b in self.batches]
         return float(np.mean(values)) if values else float("nan")
 
     def on_train_step_end(self, run: TrainRun) -> None:
@@ -374,7 +409,8 @@ class FirstBatchCheck(Callback):
 
     def on_train_step_end(self, run: TrainRun) -> None:
         if run.step == run.start_step and not run.resumed:
-            run.warnings += _diagnose_first_batch(run.micro[0].asnumpy(), run.session, run.tcfg, run.warmup, run.log)
+            first = run.micro[0][0] if isinstance(run.micro[0], tuple) else run.micro[0]
+            run.warnings += _diagnose_first_batch(first.asnumpy(), run.session, run.tcfg, run.warmup, run.log)
 
 
 class MetricsLog(Callback):
@@ -592,7 +628,7 @@ def lr_find(shards_dir: str, tcfg: Any, steps: int = 60, low: float = 1e-5, high
     session = _Session(shards_dir, tcfg, lrs, log)
     raw, smooth, used, avg = [], [], [], None
     for i in range(steps):
-        micro = [next(session.batches)[0] for _ in range(tcfg.grad_accumulation)]
+        micro = [session.next_batch() for _ in range(tcfg.grad_accumulation)]
         lr_now = session.current_lr()
         loss_t, _, overflow = session.step(micro)
         if overflow:  # a skipped fp16 step says nothing about this learning rate

@@ -63,6 +63,25 @@ def _add_megatron_stats(stats: dict, pairs: Optional[list[dict]], only: bool) ->
         stats["tokens"] = stats["megatron_tokens"]
 
 
+def _eod_args(ctx: StepContext, sc: ShardConfig) -> Optional[tuple[int, int]]:
+    """(eos id, pad length) for the actual_seq_len column (shard.eod_metadata), or None; refused
+    when documents carry no EOS (tokenizer.add_eos false): there would be no boundary to record."""
+    if not sc.eod_metadata:
+        return None
+    if not ctx.cfg.tokenizer.add_eos:
+        raise PipelineError("shard.eod_metadata needs tokenizer.add_eos: true (document ends are found by their EOS)")
+    return ctx.output("tokenize", "tokenizer").eos_id, sc.eod_pad_length
+
+
+def add_eod_metadata(doc: dict, eos_id: int, pad_length: int) -> None:
+    """The manifest's record of the actual_seq_len column: its shape, and how it was computed."""
+    doc["columns"][shard.ACTUAL_SEQ_LEN] = {
+        "type": "int32", "shape": [pad_length],
+        "note": "cumulative end of each document among the first seq_length ids (the position after each EOS, an EOS "
+                "in the last position not counted), padded with seq_length: mindformers' compressed EOD mask"}
+    doc["eod_metadata"] = {"column": shard.ACTUAL_SEQ_LEN, "eod_pad_length": pad_length, "eos_id": eos_id}
+
+
 class ShardStep(Step):
     name = "shard"
     config_sections = ("shard",)
@@ -189,9 +208,10 @@ class ShardStep(Step):
         names = [shard.file_name(sc.layout, *plan.file_of(i), plan.files_per_rank, sc.ranks) for i in range(plan.files)]
         # each file is written in a helper process of its worker (pipeline.isolated): MindSpore's
         # libraries and heap never stay in the worker, and its crash is the task's error, not a lost worker
+        eod = _eod_args(ctx, sc)
         tasks = [delayed(isolated.call_in_helper)(shard.gather_and_write, parts, counts, sc.seed, plan.file_bounds[i],
                                                   plan.file_bounds[i + 1], plan.used, str(staging / name), window,
-                                                  sc.write_batch, labels, sc.verify,
+                                                  sc.write_batch, labels, sc.verify, eod,
                                                   dask_key_name=f"{label.replace(' ', '-')}-write-{i}")
                  for i, name in enumerate(names)]
         balance = (f"{plan.dropped} dropped" if sc.remainder == "drop" else f"{plan.repeated} repeated") + " for equal ranks"
@@ -199,7 +219,10 @@ class ShardStep(Step):
                 f"{plan.files} MindRecord files, layout {sc.layout}")
         setup_s = self._warm_up_writers(ctx)
         started = time.perf_counter()
-        written = ctx.run(tasks, f"{label}: shuffle + write + {sc.verify} check")
+        try:
+            written = ctx.run(tasks, f"{label}: shuffle + write + {sc.verify} check")
+        except shard.ShardError as e:
+            raise PipelineError(f"{label}: {e}") from None
         write_s = time.perf_counter() - started
         task_seconds = sum(w.pop("task_seconds") for w in written)
         found = [(w.pop("sample_group"), w.pop("group_tokens")) if "sample_group" in w else None for w in written]
@@ -266,6 +289,12 @@ class ShardStep(Step):
             plans = [(f"{MEGATRON_DIR}/corpus-r{r:04d}", {"rank": r}, np.arange(a, b))
                      for r, (a, b) in enumerate(megatron.rank_bounds(order.length, ranks))]
             what = f"{ranks} Megatron .bin/.idx pair(s)"
+        if sc.eod_metadata:
+            most = megatron.most_document_ends(order.length, ctx.cfg.pack.seq_length)
+            if most > sc.eod_pad_length:
+                ctx.log(f"  shard: warning: a sample of {ctx.cfg.pack.seq_length} ids may hold up to {most} document ends "
+                        f"(the shortest documents together), more than shard.eod_pad_length {sc.eod_pad_length}: "
+                        "mindformers' GPTDataset stops on a sample that holds more")
         dtype = megatron.best_dtype(tok.vocab_size)
         ctx.log(f"  shard: {len(order.length)} documents -> {what} ({dtype.name} ids, whole documents ending with EOS)")
         tasks = [delayed(megatron.write_pair)(parts, megatron.PairPlan(order.part[pos], order.row[pos], order.length[pos]),
@@ -299,14 +328,18 @@ class ShardStep(Step):
             remainder=sc.remainder, shuffle_seed=sc.seed, files=files, tokenizer_file=tokenizer_file,
             megatron=None if pairs is None else {"dtype": pairs[0]["dtype"], "split": sc.megatron_split, "pairs": pairs},
             formats=(["mindrecord"] if files else []) + ["megatron"] if pairs is not None else None, composition=mix)
+        pad_length = sc.eod_pad_length if sc.eod_metadata else None
+        if files and pad_length is not None:
+            add_eod_metadata(doc, tok.eos_id, pad_length)
         if files:
             write_text_atomic(staging / "mindformers_train_dataset.yaml", shard.mindformers_snippet(
                 str(folder.resolve()), sc.layout, window, ["input_ids", "labels"] if labels else ["input_ids"],
-                tok.eos_id if ctx.cfg.pack.mode != "pad" and ctx.cfg.tokenizer.add_eos else None))
+                tok.eos_id if ctx.cfg.pack.mode != "pad" and ctx.cfg.tokenizer.add_eos else None,
+                eod_pad_length=pad_length))
         if pairs is not None:
             write_text_atomic(staging / MEGATRON_YAML, megatron.mindformers_snippet(
                 str(folder.resolve()), [p for p in pairs if p["tokens"]], ctx.cfg.pack.seq_length, tok.eos_id, tok.pad_id,
-                ctx.cfg.pack.seed, mixed=mixed))
+                ctx.cfg.pack.seed, mixed=mixed, eod_pad_length=pad_length))
         write_json_atomic(staging / manifest.MANIFEST_NAME, doc)
         if folder.exists():
             shutil.rmtree(folder)
