@@ -444,7 +444,12 @@ def mindformers_snippet(shards_dir: str, layout: str, sample_length: int, column
     dataset_dir: "{shards_dir}"
     shuffle: True
   input_columns: {json.dumps(inputs)}
-{eod}  num_parallel_workers: {workers}
+{eod}"""+_loader_tail(workers)
+
+
+def _loader_tail(workers: int) -> str:
+    """The end every train_dataset section shares: the loader's settings and the dataset task."""
+    return f"""  num_parallel_workers: {workers}
   python_multiprocessing: False
   drop_remainder: True
   batch_size: 1
@@ -479,17 +484,7 @@ train_dataset: &train_dataset
     shuffle: True
   input_columns: {json.dumps(inputs)}
   eod_reset: False  # the compressed mask replaces the full mask eod_reset would build
-  num_parallel_workers: {workers}
-  python_multiprocessing: False
-  drop_remainder: True
-  batch_size: 1
-  repeat: 1
-  numa_enable: False
-  prefetch_size: 1
-train_dataset_task:
-  type: CausalLanguageModelDataset
-  dataset_config: *train_dataset
-"""
+"""+_loader_tail(workers)
 
 
 def verify_shard_dir(shards_dir: str) -> tuple[list[str], dict]:
