@@ -282,6 +282,33 @@ def clusters(run: Path) -> dict[str, str]:
     return {x: root(x) for x in parent}
 
 
+def keeper_distance(out: Path, run: Path, threshold: float = 0.8) -> dict:
+    """How far each near-removed document is from the document it is said to duplicate: the true
+    character 5-gram Jaccard of every (removed, final keeper) pair, recomputed here from the texts,
+    not read from the run. `removed_below_threshold` counts removed documents under the threshold to
+    their keeper (a chain of near pairs merging documents that are not near: the keeper guard's target)."""
+    files = sorted((run / "removed").glob("*.parquet"))
+    if not files:
+        return {"near_removed": 0, "removed_below_threshold": 0}
+    t = pq.read_table(files, columns=["id", "reason"]).to_pandas()
+    t = t[t["reason"] != "exact"]
+    root = clusters(run)
+    text_of = {}
+    with open(out / "docs" / "docs.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            d = json.loads(line)
+            text_of[d["id"]] = d["text"]
+    ids = t["id"].tolist()
+    keepers = [root.get(i, i) for i in ids]
+    sa, sb = shingle_sets([text_of[i] for i in ids]), shingle_sets([text_of[k] for k in keepers])
+    j = np.array([jaccard(x, y) for x, y in zip(sa, sb)])
+    below = j < threshold
+    return {"near_removed": int(len(ids)), "removed_below_threshold": int(below.sum()),
+            "min_jaccard_to_keeper": round(float(j.min()), 4) if len(j) else None,
+            "below_examples": [{"id": i, "keeper": k, "jaccard": round(float(x), 4)}
+                               for i, k, x in sorted(zip(ids, keepers, j), key=lambda r: r[2]) if x < threshold][:5]}
+
+
 def measure(args) -> int:
     out: Path = args.out
     rows = [json.loads(x) for x in (out / "pairs.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -316,6 +343,7 @@ def measure(args) -> int:
         hi9 = [keeper(r["a"]) == keeper(r["b"]) for r in rows if r["jaccard"] >= 0.9 and r["lang"] == lang]
         result[f"recall09_{lang}"] = round(float(np.mean(hi9)), 4) if hi9 else None  # SimHash's own target is at J >= 0.9
     result["false_merges"] = sum(keeper(r["a"]) == keeper(r["b"]) for r in rows if r["jaccard"] < 0.5)
+    result.update(keeper_distance(out, run))
     result["missed"] = [{k: r[k] for k in ("a", "b", "relation", "lang", "jaccard")} for r in missed]
     with open(out / "results.jsonl", "a", encoding="utf-8") as fh:
         fh.write(json.dumps(result, ensure_ascii=False) + "\n")
@@ -341,6 +369,8 @@ def table(args) -> int:
         lines.append(f"| **all {lang}** | | " + " | ".join(str(latest[n].get(f"recall_{lang}")) for n in names) + " |")
     for lang in ("en", "zh", "mixed"):
         lines.append(f"| all {lang}, J >= 0.9 | | " + " | ".join(str(latest[n].get(f"recall09_{lang}", "-")) for n in names) + " |")
+    lines.append("| near-removed documents | | " + " | ".join(str(latest[n].get("near_removed", "-")) for n in names) + " |")
+    lines.append("| of them below 0.8 to their keeper | | " + " | ".join(str(latest[n].get("removed_below_threshold", "-")) for n in names) + " |")
     n_low = sum(v["pairs_lt_0.5"] for v in next(iter(latest.values()))["by_group"].values())
     lines.append(f"| false merges (of {n_low} pairs J<0.5) | | " + " | ".join(str(latest[n]["false_merges"]) for n in names) + " |")
     print("\n".join(lines))

@@ -641,6 +641,12 @@ class MinHashConfig(_Section):
     seed: int = Field(1, ge=0, le=MAX_SEED, description="Permutation seed (as datasketch.MinHash's seed; 0 to 2^32-1).")
     verify: bool = Field(True, description="Keep a candidate pair only if the true Jaccard of its two shingle sets is >= "
                          "threshold (computed from the texts); off: every LSH candidate is a duplicate.")
+    verify_keeper: bool = Field(True, description="The keeper guard: a document a cluster removes must itself reach "
+                                "the threshold to the kept document (true Jaccard, from the texts), not only through a "
+                                "chain of near pairs; the members that do not are re-clustered among themselves (the "
+                                "best of them by dedup.keep kept, those near it its duplicates, and so on) or kept. "
+                                "Needs verify (MinHash's or SimHash's) for the methods it checks; off: every member of a "
+                                "connected component is a duplicate of its keeper.")
 
 
 class SimHashConfig(_Section):

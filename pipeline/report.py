@@ -362,7 +362,31 @@ def _near_duplicates(r: ReportInputs) -> list[str]:
         for e in examples:
             lines.append(f"| {_md_escape(str(e['id']))} | {_md_escape(str(e['duplicate_of_id']))} | {e['reason']} | "
                          f"{e['score']:.3f} | {e['cluster_size']} |")
-    return lines + [""]
+    return lines + [""] + _largest_clusters(near, r.extra.get("near_dedup", {}).get("largest_clusters") or [])
+
+
+def _largest_clusters(near: dict, clusters: list[dict]) -> list[str]:
+    """The keeper guard's counts and the largest connected components (a templated source merging
+    into one cluster shows here): sources, the main keeper and its farthest removed member."""
+    lines = []
+    guard = near.get("keeper_guard")
+    if guard:
+        lines += [f"- keeper guard: {guard['checked']:,} removed documents checked against their keeper, "
+                  f"{guard['below_threshold']:,} below the threshold: {guard['regrouped']:,} regrouped under a new keeper, "
+                  f"{guard['released']:,} released by the keeper guard (kept)", ""]
+    if not clusters:
+        return lines
+    lines += ["### Largest near-duplicate clusters", "",
+              "| size | removed | released | keepers | sources | keeper | farthest removed member | similarity |",
+              "|---:|---:|---:|---:|---|---|---|---:|"]
+    for c in clusters:
+        sources = ", ".join(f"{_md_escape(k)} {v:,}" for k, v in c["sources"].items())
+        keeper = f"{_md_escape(c['keeper_id'])}: {_md_escape(' '.join(c['keeper_text'].split())[:80])}"
+        member = f"{_md_escape(c['removed_id'])}: {_md_escape(' '.join(c['removed_text'].split())[:80])}"
+        lines.append(f"| {c['size']:,} | {c['removed']:,} | {c['released']:,} | {c['keepers']:,} | {sources} | "
+                     f"{keeper} | {member} | {c['removed_score']:.3f} |")
+    return lines + ["", "(sources: of the removed members; released: members the keeper guard kept although on the "
+                    "component, because they are not near its keeper)", ""]
 
 
 def _special(tok: dict, key: str) -> str:

@@ -283,6 +283,25 @@ CLUSTER_META = pd.DataFrame({
 })
 
 
+def keep_rank(df: pd.DataFrame, policy: str, order: str = "max") -> Optional[np.ndarray]:
+    """The keep policy as one float per row (lower is kept first; None for lowest_uid, where the uid
+    alone decides): shared by `choose_keepers` and the keeper guard's regrouping, so a regrouped
+    cluster keeps the document the policy would have kept."""
+    if policy == "lowest_uid":
+        return None
+    if policy == "longest":
+        return -df["n_chars"].astype("float64").to_numpy()
+    if policy == "field":
+        raw = df["keep_key"]
+        numeric = pd.to_numeric(raw, errors="coerce")
+        if numeric.notna().sum() == raw.notna().sum():  # every present value is a number
+            key = numeric.astype("float64")
+        else:  # compare as text (ISO dates sort correctly); a dense rank keeps the order within any frame
+            key = raw.astype(object).rank(method="dense").astype("float64")
+        return (-key if order == "max" else key).fillna(np.inf).to_numpy()  # documents without the field lose
+    raise ValueError(f"unknown keep policy {policy!r}")
+
+
 def choose_keepers(nodes: pd.DataFrame, policy: str, order: str = "max") -> pd.DataFrame:
     """Within a frame holding whole clusters (uid, root, id, source, n_chars, keep_key): one document
     kept per cluster, every other one returned with the kept one's uid and id.
@@ -292,22 +311,9 @@ def choose_keepers(nodes: pd.DataFrame, policy: str, order: str = "max") -> pd.D
     if nodes.empty:
         return CLUSTER_META.copy()
     df = nodes.sort_values(["root", "uid"], kind="stable")
-    if policy == "lowest_uid":
-        rank_key = None
-    elif policy == "longest":
-        rank_key = -df["n_chars"].astype("float64")
-    elif policy == "field":
-        raw = df["keep_key"]
-        numeric = pd.to_numeric(raw, errors="coerce")
-        if numeric.notna().sum() == raw.notna().sum():  # every present value is a number
-            key = numeric.astype("float64")
-        else:  # compare as text (ISO dates sort correctly)
-            key = raw.astype(object).rank(method="dense").astype("float64")
-        rank_key = (-key if order == "max" else key).fillna(np.inf)  # documents without the field lose
-    else:
-        raise ValueError(f"unknown keep policy {policy!r}")
+    rank_key = keep_rank(df, policy, order)
     if rank_key is not None:
-        df = df.assign(_rank=rank_key.to_numpy()).sort_values(["root", "_rank", "uid"], kind="stable")
+        df = df.assign(_rank=rank_key).sort_values(["root", "_rank", "uid"], kind="stable")
     first = ~df["root"].duplicated()
     keeper_uid = df["uid"].where(first).ffill().astype("int64")
     keeper_id = df["id"].where(first).ffill()
@@ -385,3 +391,71 @@ def repoint_exact_removed(exact_files: list[str], near_removed: pd.DataFrame) ->
         df["duplicate_of"], df["duplicate_of_id"] = new_uid, pd.array(new_id, dtype=df["exact_of_id"].dtype)
         write_table_atomic(pa.Table.from_pandas(df, preserve_index=False), Path(path))
     return changed
+
+
+# ---- the keeper guard: no removed document below the threshold to the document it duplicates ----
+
+REGROUP_META = pd.DataFrame({"uid": pd.Series(dtype="int64"), "duplicate_of": pd.Series(dtype="int64"),
+                             "duplicate_of_id": pd.Series(dtype="string[pyarrow]"), "score": pd.Series(dtype="float64"),
+                             "cluster_id": pd.Series(dtype="int64")})
+GUARD_ROUNDS = 32  # keepers chosen per cluster at most; members still unplaced after them are kept
+
+
+def regroup_rejected(members: pd.DataFrame, spec: ShingleSpec, threshold: float, policy: str, order: str = "max",
+                     max_rounds: int = GUARD_ROUNDS) -> pd.DataFrame:
+    """The members of a cluster that are not near its keeper (whole per cluster_id: uid, id,
+    cluster_id, n_chars, keep_key, text), re-clustered among themselves: the best of them by the keep
+    policy becomes a keeper, the others whose true Jaccard to it reaches `threshold` its duplicates,
+    and so on with the rest. Every cluster advances in the same vectorised round (one bulk Jaccard per
+    round), so the work is rounds x members, never a Python loop per cluster. Returns the members that
+    are duplicates of a new keeper (uid, duplicate_of, duplicate_of_id, score, cluster_id); the new
+    keepers and whatever `max_rounds` left unplaced are kept (keeping is the safe side)."""
+    if members.empty:
+        return REGROUP_META.copy()
+    df = members.sort_values(["cluster_id", "uid"], kind="stable")
+    rank = keep_rank(df, policy, order)
+    if rank is not None:
+        df = df.assign(_rank=rank).sort_values(["cluster_id", "_rank", "uid"], kind="stable")
+    df = df.reset_index(drop=True)
+    hashes, offsets = shingle_hashes(pa.array(df["text"].tolist(), pa.string()), spec)
+    cluster = df["cluster_id"].to_numpy()
+    uid = df["uid"].to_numpy()
+    open_ = np.ones(len(df), bool)
+    dup_of = np.full(len(df), -1, np.int64)
+    score = np.full(len(df), np.nan)
+    for _ in range(max_rounds):
+        idx = np.flatnonzero(open_)
+        if len(idx) == 0:
+            break
+        c = cluster[idx]
+        first = np.r_[True, c[1:] != c[:-1]]  # rows are in keep order within a cluster: its first open row keeps
+        keeper = idx[first][np.cumsum(first) - 1]  # each open row's new keeper (itself for the keepers)
+        open_[idx[first]] = False
+        others = idx[~first]
+        if len(others):
+            sim = sketch.pair_jaccard_indexed(hashes, offsets, others, keeper[~first])
+            near = sim >= threshold
+            dup_of[others[near]], score[others[near]] = keeper[~first][near], sim[near]
+            open_[others[near]] = False
+    hit = np.flatnonzero(dup_of >= 0)
+    return pd.DataFrame({"uid": uid[hit], "duplicate_of": uid[dup_of[hit]],
+                         "duplicate_of_id": df["id"].to_numpy()[dup_of[hit]], "score": score[hit],
+                         "cluster_id": cluster[hit]}).astype(REGROUP_META.dtypes.to_dict())
+
+
+def regroup_partition(part: pd.DataFrame, spec: ShingleSpec, threshold: float, policy: str, order: str = "max") -> pd.DataFrame:
+    """`regroup_rejected` of one Dask partition (clusters shuffled whole onto it)."""
+    return regroup_rejected(part, spec, threshold, policy, order)
+
+
+def apply_guard(removed: pd.DataFrame, regrouped: pd.DataFrame, rejected: np.ndarray) -> pd.DataFrame:
+    """The removed rows after the guard: the rejected members (sorted uids) leave, and those that
+    are duplicates of a new keeper come back naming it, with their Jaccard to it as the score."""
+    keep = removed[~in_sorted(removed["uid"].to_numpy(), rejected)]
+    if regrouped.empty:
+        return keep.reset_index(drop=True)
+    back = removed.set_index("uid").loc[regrouped["uid"].to_numpy()].reset_index()
+    back["duplicate_of"] = regrouped["duplicate_of"].to_numpy()
+    back["duplicate_of_id"] = regrouped["duplicate_of_id"].to_numpy()
+    back["score"] = regrouped["score"].to_numpy()
+    return pd.concat([keep, back], ignore_index=True).astype(removed.dtypes.to_dict())

@@ -22,6 +22,7 @@ from .simhash_edges import simhash_edges
 class NearDedupStep(removal.DedupStep):
     name = "near_dedup"
     kind = "near"
+    outputs = {"examples": list, "largest_clusters": list}
 
     def signature_spec(self, cfg: Config) -> near_dedup.SignatureSpec:
         return signatures.signature_spec(cfg, self.normalize_opts)
@@ -107,11 +108,11 @@ class NearDedupStep(removal.DedupStep):
                 f"(edge list {n_edges * 16 / 2**20:.1f} MiB, budget {dc.components_memory_mb} MiB)")
         stats["components_mode"] = mode
         if in_memory:
-            removed = removal.near_removed_in_memory(ctx, labels, edge_files, sig_paths, parts, spec)
+            removed = removal.near_removed_in_memory(ctx, labels, edge_files, sig_paths, parts, spec, stats)
             if len(removed):
                 write_table_atomic(pa.Table.from_pandas(removed, preserve_index=False), folder / "removed" / "part.0.parquet")
         else:
-            removed = removal.near_removed_distributed(ctx, labels, edge_files, sig_paths, nparts)
+            removed = removal.near_removed_distributed(ctx, labels, edge_files, sig_paths, nparts, parts, spec, stats)
             ctx.write_partitions(removed, folder / "removed", "near_dedup: keepers per cluster (Dask shuffle)")
         outputs = removal.finish_near(ctx, folder, source, stats, pending,
                                       self._counted_from(ctx, parts, spec) if self.defer_removal else None)

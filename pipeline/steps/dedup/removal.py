@@ -114,9 +114,11 @@ def _thresholds(ctx: StepContext) -> tuple[float, float]:
 
 
 def near_removed_in_memory(ctx: StepContext, labels: pd.DataFrame, edge_files: list[str], sig_paths: list[str],
-                           parts: list[str], spec: near_dedup.SignatureSpec) -> pd.DataFrame:
+                           parts: list[str], spec: near_dedup.SignatureSpec,
+                           stats: Optional[dict[str, Any]] = None) -> pd.DataFrame:
     """Keepers, reasons and similarities when the clustered documents fit in memory. With a method's
-    verification on, the documents it removed score their true Jaccard to the kept one."""
+    verification on, the documents it removed score their true Jaccard to the kept one, and with
+    `dedup.minhash.verify_keeper` those below the threshold are regrouped (`_guard_in_memory`)."""
     from .minhash_edges import rows_for_uids
 
     dc = ctx.cfg.dedup
@@ -139,8 +141,8 @@ def near_removed_in_memory(ctx: StepContext, labels: pd.DataFrame, edge_files: l
     removed["sig_a"] = signatures_of(removed["uid"].to_numpy())
     removed["sig_b"] = signatures_of(removed["duplicate_of"].to_numpy())
     out = near_dedup.finish_removed(removed, *_thresholds(ctx))
-    verified = (((out["reason"] == "minhash") & dc.minhash.enabled & dc.minhash.verify)
-                | ((out["reason"] == "simhash") & dc.simhash.enabled & dc.simhash.verify)).to_numpy()
+    verified = _checked(ctx, out)
+    checked = verified.copy()
     if verified.any():  # a removed document next to its keeper on a verified edge has its Jaccard there
         known = _verified_edge_similarity(edge_files, out["uid"].to_numpy(), out["duplicate_of"].to_numpy(),
                                           dc.minhash.enabled and dc.minhash.verify, dc.simhash.enabled and dc.simhash.verify)
@@ -159,7 +161,47 @@ def near_removed_in_memory(ctx: StepContext, labels: pd.DataFrame, edge_files: l
                                               list(near_dedup.lookup(uids, values, b)), spec.verify, None)
         out.loc[verified, "score"] = exact["similarity"].to_numpy()
         out.loc[verified, "threshold"] = dc.minhash.threshold
+    if dc.minhash.verify_keeper and parts and spec.verify is not None:
+        out = _guard_in_memory(ctx, out, clusters, checked, parts, spec, stats if stats is not None else {})
     return out
+
+
+def _checked(ctx: StepContext, out: Any) -> Any:
+    """Which removed rows (pandas) a verifying method found: their score is (or becomes) the true
+    Jaccard to the keeper, which the keeper guard checks."""
+    dc = ctx.cfg.dedup
+    return (((out["reason"] == "minhash") & dc.minhash.enabled & dc.minhash.verify)
+            | ((out["reason"] == "simhash") & dc.simhash.enabled & dc.simhash.verify)).to_numpy()
+
+
+def _guard_stats(stats: dict[str, Any], checked: int, rejected: int, regrouped: int) -> None:
+    stats["keeper_guard"] = {"checked": int(checked), "below_threshold": int(rejected),
+                             "regrouped": int(regrouped), "released": int(rejected - regrouped)}
+
+
+def _guard_in_memory(ctx: StepContext, out: pd.DataFrame, clusters: pd.DataFrame, checked: np.ndarray,
+                     parts: list[str], spec: near_dedup.SignatureSpec, stats: dict[str, Any]) -> pd.DataFrame:
+    """The keeper guard in the driver's path: the removed members below the threshold to their keeper
+    (their score is already the true Jaccard) are re-clustered among themselves, in tasks of whole
+    clusters over their texts (read once, only theirs)."""
+    dc = ctx.cfg.dedup
+    rejected = checked & (out["score"].to_numpy() < dc.minhash.threshold)
+    rej = np.sort(out["uid"].to_numpy()[rejected])
+    if not len(rej):
+        _guard_stats(stats, checked.sum(), 0, 0)
+        return out
+    future = ctx.broadcast(rej)
+    texts = pd.concat(ctx.run([delayed(near_dedup.texts_for_uids)(p, future, spec.normalize) for p in parts],
+                              "near_dedup: keeper guard texts"), ignore_index=True)
+    members = out.loc[rejected, ["uid", "cluster_id"]].merge(
+        clusters[["uid", "id", "n_chars", "keep_key"]], on="uid").merge(texts, on="uid")
+    ids = np.unique(members["cluster_id"].to_numpy())
+    chunks = [c for c in np.array_split(ids, max(1, min(len(ids), 2 * ctx.n_workers))) if len(c)]
+    tasks = [delayed(near_dedup.regroup_rejected)(members[members["cluster_id"].isin(c)], spec.verify,
+                                                  dc.minhash.threshold, dc.keep, dc.keep_order) for c in chunks]
+    regrouped = pd.concat(ctx.run(tasks, "near_dedup: keeper guard (regrouping)"), ignore_index=True)
+    _guard_stats(stats, checked.sum(), len(rej), len(regrouped))
+    return near_dedup.apply_guard(out, regrouped, rej)
 
 
 def _verified_edge_similarity(edge_files: list[str], uid: np.ndarray, keeper: np.ndarray, minhash_verified: bool,
@@ -184,9 +226,11 @@ def _verified_edge_similarity(edge_files: list[str], uid: np.ndarray, keeper: np
 
 
 def near_removed_distributed(ctx: StepContext, labels: Any, edge_files: list[str], sig_paths: list[str],
-                             nparts: int) -> Any:
-    """The same rows as `near_removed_in_memory` (similarity: the signatures' estimate), as a lazy
-    Dask frame: clusters are shuffled on their root so each is whole in one partition."""
+                             nparts: int, parts: Optional[list[str]] = None, spec: Optional[near_dedup.SignatureSpec] = None,
+                             stats: Optional[dict[str, Any]] = None) -> Any:
+    """The same rows as `near_removed_in_memory` (similarity: the signatures' estimate, or with the
+    keeper guard the true Jaccard of every verified row), as a lazy Dask frame: clusters are
+    shuffled on their root so each is whole in one partition."""
     import dask.dataframe as dd  # here: workers running this module's task bodies need not import it
 
     dc = ctx.cfg.dedup
@@ -202,8 +246,80 @@ def near_removed_distributed(ctx: StepContext, labels: Any, edge_files: list[str
                      enforce_metadata=False)
     sk = dd.from_map(near_dedup.load_signatures, sig_paths, fields=["uid", sig],
                      rename={"uid": "duplicate_of", sig: "sig_b"}, enforce_metadata=False)
-    return removed.merge(su, on="uid").merge(sk, on="duplicate_of").map_partitions(
+    out = removed.merge(su, on="uid").merge(sk, on="duplicate_of").map_partitions(
         near_dedup.finish_removed, *_thresholds(ctx), meta=REMOVED_META)
+    if dc.minhash.verify_keeper and parts and spec is not None and spec.verify is not None:
+        out = _guard_distributed(ctx, out, attrs, parts, spec, nparts, stats if stats is not None else {})
+    return out
+
+
+GUARD_META = REMOVED_META.assign(checked=pd.Series(dtype="bool"))
+
+
+def _mark_checked(part: pd.DataFrame, flags: tuple[bool, bool]) -> pd.DataFrame:
+    """`_checked` of one partition (flags: MinHash verified, SimHash verified)."""
+    reason = part["reason"].to_numpy()
+    return part.assign(checked=((reason == "minhash") & flags[0]) | ((reason == "simhash") & flags[1]))
+
+
+def _guard_distributed(ctx: StepContext, out: Any, attrs: Any, parts: list[str], spec: near_dedup.SignatureSpec,
+                       nparts: int, stats: dict[str, Any]) -> Any:
+    """The keeper guard on Dask: every verified removed row gets its true Jaccard to its keeper (both
+    texts merged onto the pair, as the exact check does), the rows below the threshold are shuffled
+    on their cluster with their texts and regrouped per partition (`near_dedup.regroup_partition`)."""
+    import dask.dataframe as dd
+
+    dc = ctx.cfg.dedup
+    flags = (dc.minhash.enabled and dc.minhash.verify, dc.simhash.enabled and dc.simhash.verify)
+    out = ctx.persist(out.map_partitions(_mark_checked, flags, meta=GUARD_META), "near_dedup: removed rows")
+    pairs = out[out["checked"]][["uid", "duplicate_of"]]
+    ends = dd.concat([pairs[["uid"]], pairs[["duplicate_of"]].rename(columns={"duplicate_of": "uid"})])
+    endpoints = np.unique(ctx.compute(ends["uid"].unique(), "near_dedup: keeper guard documents").to_numpy()).astype(np.int64)
+    text_meta = pd.DataFrame({"uid": pd.Series(dtype="int64"), "text": pd.Series(dtype=object)})
+    future = ctx.broadcast(endpoints)
+    texts = ctx.persist(dd.from_delayed([delayed(near_dedup.texts_for_uids)(p, future, spec.normalize) for p in parts],
+                                        meta=text_meta, verify_meta=False), "near_dedup: keeper guard texts")
+    exact = pairs.rename(columns={"uid": "a", "duplicate_of": "b"}).merge(
+        texts.rename(columns={"uid": "a", "text": "text_a"}), on="a").merge(
+        texts.rename(columns={"uid": "b", "text": "text_b"}), on="b").map_partitions(
+        near_dedup.verify_exact_edges, spec.verify, None, meta=near_dedup.VERIFIED_META)
+    exact = exact[["a", "similarity"]].rename(columns={"a": "uid"})
+    out = ctx.persist(out.merge(exact, on="uid", how="left").map_partitions(
+        _exact_score, dc.minhash.threshold, meta=GUARD_META.assign(rejected=pd.Series(dtype="bool"))),
+        "near_dedup: keeper guard (similarity to the keeper)")
+    rejected = out[out["rejected"]][["uid", "cluster_id"]]
+    members = rejected.merge(attrs[["uid", "id", "n_chars", "keep_key"]], on="uid").merge(texts, on="uid")
+    regrouped = ctx.persist(members.shuffle(on="cluster_id", npartitions=nparts).map_partitions(
+        near_dedup.regroup_partition, spec.verify, dc.minhash.threshold, dc.keep, dc.keep_order,
+        meta=near_dedup.REGROUP_META), "near_dedup: keeper guard (regrouping)")
+    counts = ctx.compute(out[["checked", "rejected"]].astype("int64").sum(), "near_dedup: keeper guard counts")
+    _guard_stats(stats, int(counts["checked"]), int(counts["rejected"]),
+                 int(regrouped.map_partitions(len).compute().sum()))
+    back = regrouped.rename(columns={"duplicate_of": "new_of", "duplicate_of_id": "new_of_id", "score": "new_score"})
+    return out.merge(back[["uid", "new_of", "new_of_id", "new_score"]], on="uid", how="left").map_partitions(
+        _guarded_rows, meta=REMOVED_META)
+
+
+def _exact_score(part: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """A verified row's score becomes its true Jaccard to the keeper; `rejected` when it is below."""
+    sim = part["similarity"].to_numpy(dtype=float)
+    checked = part["checked"].to_numpy(dtype=bool) & ~np.isnan(sim)
+    score = np.where(checked, sim, part["score"].to_numpy(dtype=float))
+    out = part.drop(columns=["similarity"]).assign(score=score, rejected=checked & (score < threshold))
+    out.loc[checked, "threshold"] = threshold
+    return out
+
+
+def _guarded_rows(part: pd.DataFrame) -> pd.DataFrame:
+    """The removed rows after the guard: rejected members leave unless a new keeper took them."""
+    new = part["new_of"].notna().to_numpy()
+    keep = ~part["rejected"].to_numpy(dtype=bool) | new
+    out = part[keep].copy()
+    hit = new[keep]
+    out.loc[hit, "duplicate_of"] = out.loc[hit, "new_of"].astype("int64")
+    out.loc[hit, "duplicate_of_id"] = out.loc[hit, "new_of_id"]
+    out.loc[hit, "score"] = out.loc[hit, "new_score"]
+    return out[list(REMOVED_META.columns)].astype(REMOVED_META.dtypes.to_dict())
 
 
 def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, Any],
@@ -214,7 +330,7 @@ def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, An
     files of every document, the removal left to the dedup job's export) nothing is written: what
     passes on is counted from their columns."""
     files = sorted(str(p) for p in (folder / "removed").glob("*.parquet"))
-    columns = ["uid", "reason", "cluster_id", "cluster_size", "duplicate_of", "duplicate_of_id"]
+    columns = ["uid", "id", "source", "reason", "score", "cluster_id", "cluster_size", "duplicate_of", "duplicate_of_id"]
     table = pq.read_table(files, columns=columns) if files else None
     drop = np.sort(table.column("uid").to_numpy()) if table is not None else np.empty(0, np.int64)
     audit = [folder]
@@ -240,7 +356,62 @@ def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, An
     stats["clusters"] = int(len(sizes))
     stats["largest_cluster"] = int(sizes.max())
     stats["cluster_sizes"] = {str(k): int(v) for k, v in sizes.value_counts().sort_index().items()}
-    return {"examples": examples(files[:1], ("id", "duplicate_of_id", "cluster_size", "reason", "score"))}
+    return {"examples": examples(files[:1], ("id", "duplicate_of_id", "cluster_size", "reason", "score")),
+            "largest_clusters": largest_clusters(ctx, table.to_pandas(), ctx.parts(source))}
+
+
+LARGEST_CLUSTERS = 10
+EXCERPT_CHARS = 120
+
+
+def largest_clusters(ctx: StepContext, removed: pd.DataFrame, parts: list[str], n: int = LARGEST_CLUSTERS) -> list[dict]:
+    """The `n` largest connected components (ties: lowest cluster id) for the report: size, documents
+    removed and released (kept by the keeper guard although on the component), how many keepers the
+    guard left it, the sources of its documents, its main keeper (the one most removed rows name) and
+    the removed member farthest from its keeper, each with the first characters of its text (read
+    for these 2n documents only)."""
+    if removed.empty:
+        return []
+    g = removed.groupby("cluster_id").agg(size=("cluster_size", "max"), removed=("uid", "count"),
+                                          keepers=("duplicate_of", "nunique"))
+    top = g.reset_index().sort_values(["size", "cluster_id"], ascending=[False, True], kind="stable").head(n)
+    rows = removed[removed["cluster_id"].isin(top["cluster_id"])]
+    votes = rows.groupby(["cluster_id", "duplicate_of"], as_index=False).size().sort_values(
+        ["cluster_id", "size", "duplicate_of"], ascending=[True, False, True], kind="stable").drop_duplicates("cluster_id")
+    keeper_of = dict(zip(votes["cluster_id"], votes["duplicate_of"]))
+    out, wanted = [], []
+    for c in top.itertuples():
+        members = rows[rows["cluster_id"] == c.cluster_id]
+        keeper = int(keeper_of[c.cluster_id])
+        far = members[members["duplicate_of"] == keeper].sort_values(["score", "uid"], kind="stable").iloc[0]
+        wanted += [keeper, int(far["uid"])]
+        out.append({"cluster_id": int(c.cluster_id), "size": int(c.size), "removed": int(c.removed),
+                    "released": int(c.size - 1 - c.removed), "keepers": int(c.keepers),
+                    "sources": {str(k): int(v) for k, v in members["source"].fillna("?").value_counts().items()},
+                    "keeper_uid": keeper, "keeper_id": str(far["duplicate_of_id"]),
+                    "removed_uid": int(far["uid"]), "removed_id": str(far["id"]), "removed_score": float(far["score"])})
+    texts = _excerpts(ctx, parts, np.unique(np.array(wanted, dtype=np.int64)))
+    for c in out:
+        c["keeper_text"], c["removed_text"] = texts.get(c["keeper_uid"], ""), texts.get(c["removed_uid"], "")
+    return out
+
+
+def _excerpts(ctx: StepContext, parts: list[str], uids: np.ndarray) -> dict[int, str]:
+    """{uid: first EXCERPT_CHARS characters} of a few documents, a task per part reading only the row
+    groups whose uid range holds one of them."""
+    future = ctx.broadcast(uids)
+    found: dict[int, str] = {}
+    for part in ctx.run([delayed(excerpts_part)(p, future) for p in parts], "near_dedup: largest clusters' texts"):
+        found.update(part)
+    return found
+
+
+def excerpts_part(path: str, uids: np.ndarray) -> dict[int, str]:
+    """`_excerpts` of one part."""
+    lo, hi = (int(uids.min()), int(uids.max())) if len(uids) else (0, -1)
+    table = pq.read_table(path, columns=["uid", "text"], filters=[("uid", ">=", lo), ("uid", "<=", hi)])
+    table = table.filter(pa.array(in_sorted(table.column("uid").to_numpy(), uids)))
+    return {int(u): (t or "")[:EXCERPT_CHARS] for u, t in zip(table.column("uid").to_pylist(), table.column("text").to_pylist())}
 
 
 def passed_on(ctx: StepContext, sig_files: list[str], drop: np.ndarray) -> dict[str, Any]:
