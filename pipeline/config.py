@@ -751,7 +751,8 @@ class TokenizerConfig(_Section):
                               "it; false, or a model whose settings it cannot reproduce (the log says why): the plain "
                               "encoder.")
     verify_sample: int = Field(32, ge=0, le=1 << 20, description="Documents of each part (a seeded sample) encoded again "
-                               "by the plain encoder and compared with the fast path's ids; any difference fails the run. "
+                               "by the plain encoder and compared with the fast path's ids, within 2% of the part's characters "
+                               "(at least 64 Ki; a part of books checks the start of one); any difference fails the run. "
                                "0: no check.")
 
     @model_validator(mode="after")
