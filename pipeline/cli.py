@@ -9,6 +9,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from .jobs_cli import add_jobs as _add_jobs  # the standard library only: nothing heavy loaded at start-up
+from .jobs_cli import cmd_jobs as _cmd_jobs
+
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
@@ -20,12 +23,18 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
+WORK_HELP = ("with --out URL: the local run directory (stage folders, markers, the shards staged before upload); "
+             "default a folder under $CORPUSMILL_CACHE (~/.cache/corpusmill/runs/) named after the URL")
+
+
 def _add_run(sub: argparse._SubParsersAction) -> None:
     """`corpusmill run CONFIG --out DIR`: the whole pipeline a config describes."""
     run = sub.add_parser("run", help="run the pipeline a YAML config describes",
                          description="Run the pipeline described by CONFIG into the run directory --out.")
     run.add_argument("config", help="YAML config (see configs/example.yaml for every option and its default)")
-    run.add_argument("--out", required=True, help="run directory: stage outputs, ledger.json, report.md, shards/, train/")
+    run.add_argument("--out", required=True, help="run directory: stage outputs, ledger.json, report.md, shards/, train/; "
+                     "or an object-storage URL (s3://bucket/prefix) the results are published to")
+    run.add_argument("--work", metavar="DIR", help=WORK_HELP)
     run.add_argument("--resume", action="store_true",
                      help="skip stages whose completion marker matches the config; rerun the rest")
     run.add_argument("--scheduler", metavar="ADDRESS",
@@ -57,7 +66,9 @@ def _add_dedup(sub: argparse._SubParsersAction) -> None:
                            "fields and DIR/removed/ with uid, id, reason, duplicate_of (the kept document's id), "
                            "cluster_id, cluster_size and similarity. DIR/ledger.json: input = kept + duplicates + quarantined.")
     dedup.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or globs (as input.paths)")
-    dedup.add_argument("--out", required=True, help="output directory")
+    dedup.add_argument("--out", required=True, help="output directory, or an object-storage URL (s3://bucket/prefix) "
+                       "kept/, removed/, ledger.json and the report are published to")
+    dedup.add_argument("--work", metavar="DIR", help=WORK_HELP)
     dedup.add_argument("--methods", help="comma-separated subset of exact,minhash,simhash "
                        "(default: the config's dedup section; without --config exact,minhash)")
     dedup.add_argument("--threshold", type=float, help="MinHash Jaccard threshold (dedup.minhash.threshold, default 0.8)")
@@ -87,7 +98,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("action", nargs="?", choices=["lr-find"],
                        help="lr-find: raise the learning rate exponentially over a few steps and print the largest "
                        "rate at which the loss still falls steadily, and a suggested rate 25%% below it")
-    train.add_argument("--shards", required=True, help="a shards/ directory holding manifest.json")
+    train.add_argument("--shards", required=True, help="a shards/ directory holding manifest.json, or its URL "
+                       "(s3://bucket/prefix/shards: copied to a local cache first, unchanged objects reused)")
     train.add_argument("--steps", type=int, help="optimizer steps (default: train.steps of --config, else 30)")
     train.add_argument("--out", help="output directory (default: the shards directory's sibling train/)")
     train.add_argument("--config", help="YAML config whose train: section sets the model and optimiser")
@@ -145,13 +157,17 @@ def _add_shards(sub: argparse._SubParsersAction) -> None:
                                    "against files, no unlisted MindRecord file; then every sample read back in a child "
                                    "process (count, length, dtype, contents, ids below the vocabulary, equal samples per "
                                    "rank). Exit code 1 and one line per problem on any mismatch.")
-    verify.add_argument("dir", help="the shards/ directory (holding manifest.json)")
+    verify.add_argument("dir", help="the shards/ directory (holding manifest.json), or its URL (s3://...: every "
+                        "object is downloaded to a temporary folder and checked there)")
     inspect_ = shards_sub.add_parser("inspect", help="print totals and decoded samples",
                                      description="Print the manifest's totals and decode the first samples with the "
                                      "tokenizer stored beside the shards.")
-    inspect_.add_argument("dir", help="the shards/ directory (holding manifest.json)")
+    inspect_.add_argument("dir", help="the shards/ directory (holding manifest.json), or its URL (via the local cache)")
     inspect_.add_argument("--decode", type=int, default=2, metavar="N", help="samples to decode (default 2), with "
                           "their document boundaries marked: BOS as ⟨s⟩, EOS as ⟨/s⟩, trailing padding as ⟨pad×N⟩")
+    from .shard_tools_cli import add_shard_tools
+
+    add_shard_tools(shards_sub)  # merge, reshard, reweight: new shard sets from existing ones
 
 
 def _add_config(sub: argparse._SubParsersAction) -> None:
@@ -219,7 +235,7 @@ def _add_quality(sub) -> None:
 
 
 _SUBCOMMANDS = (_add_run, _add_demo, _add_dedup, _add_train, _add_tokenizer, _add_quality, _add_shards, _add_config,
-                _add_doctor, _add_serve)
+                _add_doctor, _add_serve, _add_jobs)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -313,25 +329,20 @@ def _report_trained(out: Path, cfg: Any, check: list[str], spec: Any) -> int:
 
 
 def _cmd_shards(args) -> int:
-    from corpusmill.stages.shard import verify_shard_dir
+    if args.shards_command in ("merge", "reshard", "reweight"):
+        from .shard_tools_cli import cmd_shard_tools
+
+        return cmd_shard_tools(args)
+    from corpusmill.stages import storage
 
     if args.shards_command == "verify":
-        started = time.perf_counter()
-        problems, totals = verify_shard_dir(args.dir)
-        for p in problems:
-            print(f"corpusmill: shards: {p}", file=sys.stderr)
-        if problems:
-            unread = " (samples not read back: fix these first)" if totals and not totals.get("rows_checked") else ""
-            print(f"corpusmill: shards verify: {len(problems)} problem(s) in {args.dir}{unread}", file=sys.stderr)
-            return 1
-        mega = (f"; {totals['megatron_pairs']} Megatron .bin/.idx pair(s), {totals['megatron_documents']:,} documents, "
-                f"{totals['megatron_tokens']:,} tokens") if "megatron_pairs" in totals else ""
-        per_rank = next(iter(totals["samples_per_rank"].values()), 0)
-        mindrecord = (f"{totals['files']} files, {totals['samples']:,} samples, {totals['ranks']} ranks x {per_rank:,} "
-                      f"samples" if totals["files"] else "no MindRecord files")
-        _log(f"shards ok: {mindrecord}{mega}, largest id {totals['max_token_id']} "
-             f"< vocabulary {totals['vocab_size']}; checked in {time.perf_counter() - started:.1f} s")
-        return 0
+        if storage.is_url(args.dir):
+            return _verify_url(args.dir)
+        return _verify_dir(args.dir, args.dir)
+    if storage.is_url(args.dir):
+        from corpusmill.trainer.data import local_shards
+
+        args.dir = local_shards(args.dir, log=_log)
     import json
 
     import mindspore.dataset as ds
@@ -374,6 +385,45 @@ def _cmd_shards(args) -> int:
         _log(f"--- sample {i} of {manifest['files'][0]['path']} ({len(ids)} ids: {ends} document ends, {n_pad} padding) ---")
         _log(decode_window(sp, ids, tok["bos_id"], tok["eos_id"], n_pad))
     return 0
+
+
+def _verify_dir(folder: str, name: str) -> int:
+    """`shards verify`: one line per problem (the folder written as `name`), exit 1 on any."""
+    from corpusmill.stages.shard import verify_shard_dir
+
+    def shown(text: str) -> str:
+        for local in {os.path.abspath(folder), folder}:
+            text = text.replace(local, name.rstrip("/"))
+        return text
+
+    started = time.perf_counter()
+    problems, totals = verify_shard_dir(folder)
+    for p in problems:
+        print(f"corpusmill: shards: {shown(p)}", file=sys.stderr)
+    if problems:
+        unread = " (samples not read back: fix these first)" if totals and not totals.get("rows_checked") else ""
+        print(f"corpusmill: shards verify: {len(problems)} problem(s) in {name}{unread}", file=sys.stderr)
+        return 1
+    mega = (f"; {totals['megatron_pairs']} Megatron .bin/.idx pair(s), {totals['megatron_documents']:,} documents, "
+            f"{totals['megatron_tokens']:,} tokens") if "megatron_pairs" in totals else ""
+    per_rank = next(iter(totals["samples_per_rank"].values()), 0)
+    mindrecord = (f"{totals['files']} files, {totals['samples']:,} samples, {totals['ranks']} ranks x {per_rank:,} "
+                  f"samples" if totals["files"] else "no MindRecord files")
+    _log(f"shards ok: {mindrecord}{mega}, largest id {totals['max_token_id']} "
+         f"< vocabulary {totals['vocab_size']}; checked in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def _verify_url(url: str) -> int:
+    """`shards verify URL`: every object downloaded afresh into a temporary folder (a damaged object is
+    found, never an older cached copy) and checked there; the problems name the URL."""
+    import tempfile
+
+    from corpusmill.stages import storage
+
+    with tempfile.TemporaryDirectory(prefix="corpusmill-verify-") as tmp:
+        local = storage.mirror(url, Path(tmp) / "shards", log=_log, reuse=False)
+        return _verify_dir(str(local), url)
 
 
 BOS_MARK, EOS_MARK, PAD_MARK = "⟨s⟩", "⟨/s⟩", "⟨pad×{n}⟩"
@@ -530,9 +580,28 @@ def _cmd_run(args) -> int:
         cfg.input.sample = args.sample
     if args.train is not None:
         cfg.train.enabled = args.train
-    result = Pipeline(cfg, args.out, resume=args.resume, log=_log).run()
-    _print_run_summary(result, Path(args.out))
+    result = Pipeline(cfg, args.out, resume=args.resume, log=_log, work=_work(args)).run()
+    _print_run_summary(result, result.out)
+    _log_published(args.out, ["shards/manifest.json", "ledger.json", "report.md"])
     return 0
+
+
+def _work(args) -> Optional[str]:
+    """--work, which only a URL --out takes (a local --out is the run directory itself)."""
+    from corpusmill.stages import storage
+
+    if args.work and not storage.is_url(args.out):
+        from .config import ConfigError
+
+        raise ConfigError("--work is for --out URL (object storage); with a local --out the run directory is --out")
+    return args.work
+
+
+def _log_published(out: str, names: list[str]) -> None:
+    from corpusmill.stages import storage
+
+    if storage.is_url(out):
+        _log("published: " + "   ".join(storage.join(out, n) for n in names))
 
 
 def _cmd_demo(args) -> int:
@@ -586,12 +655,12 @@ def _planted_span(planted: dict, cfg) -> str:
 
 
 def _removed_ids(stage_dir: Path) -> set:
-    import pyarrow.parquet as pq
+    from corpusmill.stages.base import read_table
 
     removed_dir = stage_dir / "removed"
     if not any(removed_dir.glob("*.parquet")):
         return set()
-    return set(pq.read_table(str(removed_dir), columns=["id"]).column("id").to_pylist())
+    return set(read_table(str(removed_dir), columns=["id"]).column("id").to_pylist())
 
 
 def _planted_pairs_found(stage_dir: Path, pairs: list[dict], other: str, filtered: set) -> tuple[int, int]:
@@ -599,12 +668,14 @@ def _planted_pairs_found(stage_dir: Path, pairs: list[dict], other: str, filtere
     and pairs whose copies were both removed by the quality filters before dedup saw them."""
     import pyarrow.parquet as pq
 
+    from corpusmill.stages.base import read_table
+
     removed_dir = stage_dir / "removed"
     links: set = set()
     if any(removed_dir.glob("*.parquet")):
         # exact dedup's first match stays in exact_of_id when near dedup later removed it (duplicate_of then names its keeper)
         col = "exact_of_id" if "exact_of_id" in pq.read_schema(next(removed_dir.glob("*.parquet"))).names else "duplicate_of_id"
-        removed = pq.read_table(str(removed_dir), columns=["id", col]).to_pylist()
+        removed = read_table(str(removed_dir), columns=["id", col]).to_pylist()
         links = {(r["id"], r[col]) for r in removed}
     found = sum((p["id"], p[other]) in links or (p[other], p["id"]) in links for p in pairs)
     both = sum(p["id"] in filtered and p[other] in filtered for p in pairs)
@@ -649,8 +720,9 @@ def _cmd_dedup(args) -> int:
     cfg = parse_config(cfg.model_dump(mode="json"), "command line")  # re-validate the combination
     if args.scheduler:
         cfg.cluster.address = args.scheduler
-    out = Path(args.out)
-    result = Pipeline(cfg, out, resume=args.resume, log=_log, job="dedup", export_format=args.format).run()
+    result = Pipeline(cfg, args.out, resume=args.resume, log=_log, job="dedup", export_format=args.format,
+                      work=_work(args)).run()
+    out = result.out
     led = result.ledger
     _log("")
     _log("== corpusmill dedup summary ==")
@@ -666,6 +738,7 @@ def _cmd_dedup(args) -> int:
              f"sizes: {near['cluster_sizes']}")
     _log_sample(led)
     _log(f"kept: {out / 'kept'}   removed: {out / 'removed'}   ledger: {out / 'ledger.json'}   report: {out / 'report.md'}")
+    _log_published(args.out, ["kept/", "removed/", "ledger.json", "report.md"])
     return 0
 
 
@@ -696,13 +769,23 @@ def _cmd_train(args) -> int:
     if args.action == "lr-find":
         from corpusmill.trainer.train import lr_find
 
-        result = lr_find(args.shards, tcfg, log=_log, verify=args.verify)
+        from corpusmill.trainer.data import local_shards
+
+        result = lr_find(local_shards(args.shards, log=_log), tcfg, log=_log, verify=args.verify)
         _log(f"largest lr at which the loss still falls steadily: {result['largest_falling_lr']:.3g}; "
              f"suggested: {result['suggested_lr']:.3g}")
         return 0
+    from corpusmill.trainer.data import local_shards, remote_sibling
+
+    shards_arg = args.shards
+    args.shards = local_shards(shards_arg, log=_log)  # a URL: the local copy MindDataset reads
     out = args.out or str(Path(args.shards).resolve().parent / "train")
     sibling = Path(args.shards).resolve().parent / "shards-validation"
-    validation = args.validation or (str(sibling) if (sibling / "manifest.json").is_file() else None)
+    validation = local_shards(args.validation, log=_log) if args.validation else None
+    if validation is None and shards_arg != args.shards:
+        validation = remote_sibling(shards_arg, "shards-validation", log=_log)
+    elif validation is None:
+        validation = str(sibling) if (sibling / "manifest.json").is_file() else None
     summary = train(args.shards, out, tcfg, log=_log, resume=args.resume, verify=args.verify, validation_dir=validation)
     val = summary.get("validation")
     _log(f"training: {summary['steps']} steps, loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}; "
@@ -716,8 +799,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = _build_parser().parse_args(argv)
     handlers = {"run": _cmd_run, "demo": _cmd_demo, "train": _cmd_train, "config": _cmd_config, "dedup": _cmd_dedup,
                 "shards": _cmd_shards, "tokenizer": _cmd_tokenizer, "doctor": _cmd_doctor,
-                "quality": _cmd_quality,
-                "serve": _cmd_serve}
+                "quality": _cmd_quality, "serve": _cmd_serve, "jobs": _cmd_jobs}
     previous_sigterm = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # Slurm, Kubernetes, `timeout`
     try:
         return handlers[args.command](args)
@@ -744,7 +826,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 # and a class whose module was never imported cannot have been raised.
 _USER_ERRORS = (("corpusmill.stages.base", "ConfigError"), ("corpusmill.stages.read", "InputError"),
                 ("corpusmill.pipeline.step", "PipelineError"), ("corpusmill.pipeline.ledger", "LedgerError"),
-                ("corpusmill.stages.manifest", "ShardMismatch"), ("corpusmill.stages.tokenize", "TokenizerError"))
+                ("corpusmill.stages.manifest", "ShardMismatch"), ("corpusmill.stages.tokenize", "TokenizerError"),
+                ("corpusmill.stages.storage", "StorageError"))
 _FLAG_ERRORS = (("pydantic", "ValidationError"),)
 
 

@@ -120,9 +120,10 @@ def check_cpus(cfg: Any) -> list[Check]:
 
 
 def _input_bytes(paths: list[str]) -> int:
+    from corpusmill.stages import storage
     from corpusmill.stages.read import expand_inputs
 
-    return sum(os.path.getsize(f) for f in expand_inputs(paths))
+    return sum(storage.size(f) for f in expand_inputs(paths))
 
 
 def check_memory(cfg: Any, available: Optional[int] = None, cluster: Optional[tuple[int, Optional[int]]] = None) -> list[Check]:
@@ -231,15 +232,16 @@ def check_scheduler(cfg: Any, timeout: float = 5) -> list[Check]:
 
 
 def check_files(cfg: Any) -> list[Check]:
+    from corpusmill.stages import storage
     from corpusmill.stages.read import InputError, expand_inputs
 
     checks = []
     try:
-        files = expand_inputs(cfg.input.paths)
-        unreadable = [f for f in files if not os.access(f, os.R_OK)]
+        files = expand_inputs(cfg.input.paths)  # objects: listed (a denied listing is an InputError)
+        unreadable = [f for f in files if not storage.is_url(f) and not os.access(f, os.R_OK)]
         checks.append(Check("input", ERROR if unreadable else OK,
                             f"{len(unreadable)} of {len(files)} files unreadable: {unreadable[:3]}" if unreadable
-                            else f"{len(files)} files, {sum(os.path.getsize(f) for f in files) / 2**20:.1f} MiB",
+                            else f"{len(files)} files, {sum(storage.size(f) for f in files) / 2**20:.1f} MiB",
                             "fix the permissions"))
     except InputError as e:
         checks.append(Check("input", ERROR, str(e), "fix input.paths"))
@@ -474,7 +476,9 @@ def check_mix(cfg: Any, out: Optional[str], disk_usage: Callable[[str], Any] = s
     while not probe.exists():
         probe = probe.parent
     free = disk_usage(str(probe)).free
-    sizes = {f: os.path.getsize(f) for f in files}
+    from corpusmill.stages import storage
+
+    sizes = {f: storage.size(f) for f in files}
     records: dict[str, tuple[int, bool]] = {}
     claimed: set[str] = set()
     checks = []

@@ -171,3 +171,64 @@ class RunDir:
     def file(self, name: str) -> Path:
         """A file or folder of the run itself (config.yaml, ledger.json, kept/, shards.tmp/ ...)."""
         return self.root / name
+
+
+# ---- publishing a run's results to object storage (`--out s3://...`) ------------------------------
+
+REPORT_FILES = ("report.md", "report.html")
+QUARANTINE_REL = "00-read/quarantine.jsonl"  # the read step's quarantine rows (stages of a run keep their folders)
+
+
+def published_files(root: Path, job: str) -> tuple[list[str], list[str]]:
+    """(files, completion files) a run publishes, relative to its directory. The completion files go
+    last, in this order: the ledger, then each shard set's manifest.json, the training set's at the
+    very end, so a reader that finds shards/manifest.json finds every file it lists. Step markers
+    and task records stay local."""
+    root = Path(root)
+    folders = [STAGE_DIRS["shard"], VALIDATION_SHARDS] if job != "dedup" else [EXPORT_KEPT, EXPORT_REMOVED]
+    folders.append(STAGE_DIRS["dedup_index"])  # written only with dedup.write_index: a later run's reference
+    files: list[str] = []
+    for folder in folders:
+        base = root / folder
+        if not base.is_dir():
+            continue
+        for p in sorted(base.rglob("*")):
+            rel = p.relative_to(root).as_posix()
+            if p.is_file() and not p.is_symlink() and p.name != MARKER and f"/{TASKS}/" not in f"/{rel}":
+                files.append(rel)
+    files += [name for name in (CONFIG_FILE, QUARANTINE_REL, *REPORT_FILES) if (root / name).is_file()]
+    last = [f"{VALIDATION_SHARDS}/manifest.json", f"{STAGE_DIRS['shard']}/manifest.json"]
+    completion = [LEDGER_FILE] if (root / LEDGER_FILE).is_file() else []
+    completion += [rel for rel in last if rel in files]
+    return [f for f in files if f not in completion], completion
+
+
+def publish(root: Path, url: str, job: str, log: Any = print) -> dict[str, int]:
+    """Upload a finished run's results (`published_files`) to the prefix `url`: first the completion
+    files already there are removed (a reader never takes an old manifest for a new set), then
+    objects under the published folders that this run did not write, then every file is uploaded
+    and checked (size and S3 ETag against the local MD5; unchanged objects are not sent again), the
+    completion files last. Returns {uploaded, unchanged, removed, bytes}."""
+    from corpusmill.stages import storage
+
+    root = Path(root)
+    files, completion = published_files(root, job)
+    remote = storage.listing(url)
+    ours = set(files) | set(completion)
+    tops = {rel.split("/", 1)[0] for rel in ours if "/" in rel}
+    stale = [rel for rel in remote if rel in completion or (rel.split("/", 1)[0] in tops and rel not in ours)]
+    stale.sort(key=lambda rel: rel not in completion)  # the old manifests and ledger go first
+    storage.remove([storage.join(url, rel) for rel in stale])
+    counts = {"uploaded": 0, "unchanged": 0, "removed": len(stale), "bytes": 0}
+    for rel in files + completion:
+        local, target = root / rel, storage.join(url, rel)
+        if rel not in completion and rel in remote and rel not in stale and storage.remote_matches(target, local, remote[rel]):
+            counts["unchanged"] += 1
+            continue
+        storage.put_checked(local, target)
+        counts["uploaded"] += 1
+        counts["bytes"] += local.stat().st_size
+    log(f"published to {url}: {counts['uploaded']} files uploaded ({counts['bytes'] / 2**20:,.1f} MiB, each checked), "
+        f"{counts['unchanged']} unchanged, {counts['removed']} stale objects removed; "
+        + (f"{completion[-1]} last" if completion else "no completion file"))
+    return counts

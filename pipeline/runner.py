@@ -69,6 +69,8 @@ def os_error_message(stage: str, e: OSError, folder: Path) -> str:
     path = e.filename or folder
     what = e.strerror or first_line(e)
     code = f" [{errno.errorcode[e.errno]}]" if e.errno in errno.errorcode else ""
+    if "://" in os.fsdecode(path):  # an object (stages/storage.py): no local disk to report on
+        return f"stage {stage}: {what}{code}: {os.fsdecode(path)}"
     return f"stage {stage}: {what}{code}: {path} ({free_space(Path(os.fsdecode(path)))} free there)"
 
 
@@ -81,12 +83,27 @@ class RunResult:
     skipped: list = field(default_factory=list)
 
 
+def work_dir(out: str, work: Optional[str | Path] = None) -> Path:
+    """The local run directory of a run whose results go to object storage (`--out s3://...`): `work`
+    when given, else a cache folder named after the URL ($CORPUSMILL_CACHE/runs/...), so that
+    `--resume` with the same URL finds the steps an earlier run finished."""
+    from corpusmill.stages import storage
+
+    return Path(work) if work else storage.cache_dir("runs", out)
+
+
 class Pipeline:
-    """One run of a job's plan into `out`."""
+    """One run of a job's plan into `out`: a local run directory, or an object-storage URL, whose
+    run directory is then local (`work`, default `work_dir`) and whose results are published to
+    the URL when the run ends (`rundir.publish`)."""
 
     def __init__(self, cfg: Config, out: str | Path, *, resume: bool = False, client=None, log: Log = print,
-                 job: str = "run", export_format: str = "parquet"):
+                 job: str = "run", export_format: str = "parquet", work: Optional[str | Path] = None):
+        from corpusmill.stages import storage
+
         self.plan = build_plan(cfg, job)
+        self.publish_url = str(out) if storage.is_url(str(out)) else None
+        out = work_dir(str(out), work) if self.publish_url else out
         self.cfg, self.out, self.resume, self.log = cfg, Path(out), resume, log
         self.job, self.export_format = job, export_format
         self.rundir = RunDir(self.out)
@@ -135,6 +152,11 @@ class Pipeline:
         return result
 
     def _run(self) -> RunResult:
+        if self.publish_url:
+            from corpusmill.stages import storage
+
+            storage.check_writable(self.publish_url)  # a missing bucket or a denied write: before any work
+            self.log(f"run directory {self.out} (local work); results are published to {self.publish_url} at the end")
         write_text_atomic(self.rundir.file(CONFIG_FILE), self.cfg.to_yaml())
         started = time.perf_counter()
         self._preflight()
@@ -157,6 +179,7 @@ class Pipeline:
         train_summary = self._train(started, ledger) if self.plan.train else None
         write_json_atomic(self.rundir.file(LEDGER_FILE), ledger)
         write_report(self.out, ledger, self.stats, self._outputs(), self._seconds(), train_summary)
+        self._publish()
         return RunResult(self.out, ledger, self.stats, train_summary, [n for n, r in self.results.items() if r.skipped])
 
     def _execute(self, step: Step, ctx: StepContext, link: Optional[str]) -> None:
@@ -231,6 +254,16 @@ class Pipeline:
         self.log(f"[{step.name}] done in an earlier run (config unchanged): {step.summary(result.stats)}; skipped")
         return True
 
+    def _publish(self) -> None:
+        """`--out URL`: the results uploaded, each checked, the manifest last (rundir.publish)."""
+        if self.publish_url:
+            from .rundir import publish
+
+            self._progress("stage_started", "publish")
+            t0 = time.perf_counter()
+            publish(self.out, self.publish_url, self.job, self.log)
+            self._progress("stage_finished", "publish", time.perf_counter() - t0)
+
     def _progress(self, event: str, *args, **kwargs) -> None:
         if self.progress is not None:
             getattr(self.progress, event)(*args, **kwargs)
@@ -273,6 +306,7 @@ class Pipeline:
         ledger = self._final_ledger(started)
         write_json_atomic(self.rundir.file(LEDGER_FILE), ledger)
         write_report(self.out, ledger, self.stats, self._outputs(), self._seconds(), None)
+        self._publish()
         raise PipelineError(
             f"nothing to tokenize and shard: of {ledger['input']:,} input documents {ledger['filtered']:,} were "
             f"filtered, {ledger['duplicates']:,} were duplicates and {ledger['quarantined']:,} were quarantined "

@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
+from . import storage
 from .base import DOC_SCHEMA, merge_stats, write_table_atomic
 from .composition import group_counts
 from .quality import script_language
@@ -242,7 +243,11 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     if not patterns:
         raise InputError("no input paths given (input.paths is empty)")
     keys: dict[str, tuple[int, int]] = {}
+    urls: set[str] = set()
     for pattern in patterns:
+        if storage.is_url(pattern):
+            urls.update(_expand_url(pattern))
+            continue
         if _has_magic(pattern):
             matches = _glob(pattern)
         elif os.path.isdir(pattern):
@@ -268,8 +273,35 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     for p, key in keys.items():
         paths_of.setdefault(key, []).append(p)
     # a file reached by links too is named by a path without links, else by the first in sorted order
-    return sorted(ps[0] if len(ps) == 1 else min(ps, key=lambda p: (os.path.realpath(p) != os.path.abspath(p), p))
-                  for ps in paths_of.values())
+    return sorted([ps[0] if len(ps) == 1 else min(ps, key=lambda p: (os.path.realpath(p) != os.path.abspath(p), p))
+                   for ps in paths_of.values()] + list(urls))
+
+
+def _expand_url(pattern: str) -> list[str]:
+    """The objects an object-storage URL names (a glob, a prefix or one key), as `expand_inputs` does
+    for local paths: InputError for a missing bucket, denied access, nothing matched or an
+    unsupported object named directly."""
+    try:
+        found = storage.expand(pattern, lambda u: file_kind(u) is not None)
+    except storage.StorageError as e:
+        raise InputError(str(e)) from None
+    for url in found:
+        if file_kind(url) is None:
+            raise InputError(f"input {url}: unsupported file type (expected one of {', '.join(SUFFIXES)})")
+    if not found:
+        if _has_magic(pattern.split("://", 1)[1]):
+            raise InputError(f"input {pattern} matches no {'/'.join(SUFFIXES)} objects")
+        raise InputError(f"input {pattern} does not exist (no such object or prefix)")
+    return found
+
+
+def input_stamp(path: str) -> tuple:
+    """What the read step's link takes of an input: a local file's (name, size, mtime), an object's
+    (URL, size, ETag): a rewritten object has a new ETag, so a resumed run reads it again."""
+    if storage.is_url(path):
+        info = storage.stat(path)
+        return (path, info["size"], info["etag"])
+    return (display_path(path), os.path.getsize(path), os.stat(path).st_mtime_ns)
 
 
 # ---- planning -------------------------------------------------------------------------------
@@ -301,7 +333,7 @@ def plan_units(files: list[str], block_size: int, part_size: int) -> tuple[list[
     group_bytes = 0
     for file_index, path in enumerate(files):
         kind = file_kind(path)
-        size = os.path.getsize(path)
+        size = storage.size(path)
         if kind == "jsonl" and size > block_size:
             starts = list(range(0, size, block_size))
             for i, start in enumerate(starts):
@@ -372,7 +404,7 @@ def _skip_line(f: io.BufferedReader) -> None:
 def count_block_lines(path: str, start: int, end: Optional[int]) -> int:
     """How many lines start in [start, end) of a plain file (used to number lines of later blocks);
     a long line is counted without being held."""
-    with open(path, "rb") as f:
+    with storage.open_input(path) as f:
         return sum(1 for _ in _iter_block_lines(f, start, end, SKIP_PIECE))
 
 
@@ -657,7 +689,7 @@ def _stream_lines(path: str, kind: str, damage: list, limit: Optional[int] = Non
     lines = _Lines(limit)
     head: Optional[bytes] = None
     try:
-        f = open(path, "rb")
+        f = storage.open_input(path)
     except OSError as e:
         damage.append(_Damage("unreadable_file", f"cannot open: {e.strerror or e}", 0))
         return
@@ -698,7 +730,7 @@ def _salvage(path: str, kind: str, offset: int, chunk: bytes, already: int) -> t
     pos = 0
     try:
         dec = _Decoder(kind)
-        with open(path, "rb") as f:
+        with storage.open_input(path) as f:
             left = offset
             while left > 0:
                 data = f.read(min(STREAM_CHUNK, left))
@@ -745,7 +777,7 @@ def _lost_input(seg: Segment, line_no: int, dmg: _Damage) -> _Quarantine:
 
 def _file_size(path: str) -> int:
     try:
-        return os.path.getsize(path)
+        return storage.size(path)
     except OSError:
         return 0
 
@@ -823,7 +855,7 @@ def _read_jsonl(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sin
     damage: list[_Damage] = []
     if seg.kind == "jsonl":
         try:
-            f = open(seg.path, "rb")
+            f = storage.open_input(seg.path)
         except OSError as e:
             sink.add(_lost_input(seg, line_no, _Damage("unreadable_file", f"cannot open: {e.strerror or e}", 0)))
             return
@@ -904,8 +936,8 @@ def _whole_file(seg: Segment, opts: ReadOptions, sink: "_Sink", stats: dict, uid
         stats["not_sampled"] += 1
         return None
     try:
-        with open(seg.path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        with storage.open_input(seg.path) as f:
+            size = storage.size(seg.path) if storage.is_url(seg.path) else os.fstat(f.fileno()).st_size
             if opts.max_record_bytes is not None and size > opts.max_record_bytes:
                 stats["docs_in"] += 1
                 stats["bytes_in"] += size
@@ -970,12 +1002,12 @@ def _read_warc(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink
     decoded, whose HTTP headers never end, or larger than max_record_bytes is quarantined with its
     offset; a damaged span (corrupt gzip member, bytes that are no record, a cut-off end) is one
     lost-input row with its byte range, and reading goes on at the next record that reads."""
-    from .html import WarcDamage, _content_decode, iter_warc_records
+    from .html import WarcDamage, _content_decode
 
     base, n = seg.file_index << 32, 0
     skipped: dict[str, int] = stats.setdefault("warc_records_skipped", {})
     try:
-        items = iter_warc_records(seg.path, skipped, opts.max_record_bytes)
+        items = _warc_items(seg.path, skipped, opts.max_record_bytes)
         for item in items:
             n += 1
             if isinstance(item, WarcDamage):
@@ -1010,6 +1042,19 @@ def _read_warc(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _Sink
         sink.add(_lost_input(seg, n, _Damage("unreadable_file", f"cannot read: {e.strerror or e}", 0)))
 
 
+def _warc_items(path: str, skipped: dict[str, int], max_record_bytes: Optional[int]) -> Iterator[Any]:
+    """`html.iter_warc_records` of a local file; an object's records through the same parser, over
+    the streamed object (the parser only reads its file forwards)."""
+    from . import html
+
+    if not storage.is_url(path):
+        yield from html.iter_warc_records(path, skipped, max_record_bytes)
+        return
+    with storage.open_input(path) as f:
+        yield from html._warc_records(html._WarcBytes(f, path.lower().endswith(".gz")), storage.size(path), skipped,
+                                      max_record_bytes)
+
+
 def _warc_lost(seg: Segment, n: int, d: Any) -> _Quarantine:
     """The lost-input row of a damaged WARC span: its byte range, and whether reading went on after it."""
     size = _file_size(seg.path)
@@ -1042,13 +1087,14 @@ def _read_parquet(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _S
     fallback_source = _default_source(seg.path)
     fallback_id = display_path(seg.path)
     try:
-        fh = open(seg.path, "rb")  # a Python file object: names that are not UTF-8 open too
+        fh = storage.open_input(seg.path)  # a Python file object: names that are not UTF-8 open too
     except OSError as e:
         sink.add(_lost_input(seg, 0, _Damage("unreadable_file", f"cannot open: {e.strerror or e}", 0)))
         return
     with fh:
         try:  # Arrow's own file reader when the name is UTF-8 (faster); the Python file object otherwise
-            pf = pq.ParquetFile(seg.path if display_path(seg.path) == seg.path else fh)
+            local_name = display_path(seg.path) == seg.path and not storage.is_url(seg.path)
+            pf = pq.ParquetFile(seg.path if local_name else fh)
             names = pf.schema_arrow.names
             groups = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
         except Exception as e:  # noqa: BLE001 - any unreadable file is lost input, not fatal

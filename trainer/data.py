@@ -9,6 +9,29 @@ from corpusmill.stages import manifest as mf
 from corpusmill.stages.manifest import ShardMismatch  # noqa: F401 - raised by the checks here; cli.main prints it as one line
 
 
+def local_shards(shards: str, log: Callable[[str], None] = print) -> str:
+    """A shard folder MindDataset can open: `shards` itself when local; for a URL (s3://...), its
+    local copy in the cache (`storage.mirror`: only objects whose size or ETag changed are fetched
+    again). The copy is then checked against its manifest like any local folder."""
+    from corpusmill.stages import storage
+
+    if not storage.is_url(shards):
+        return shards
+    return str(storage.mirror(shards, log=log))
+
+
+def remote_sibling(shards_url: str, name: str, log: Callable[[str], None] = print) -> Optional[str]:
+    """The local copy of the folder `name` beside a shard URL (its held-out set, shards-validation/),
+    when it holds a manifest; else None."""
+    from corpusmill.stages import storage
+
+    parent = shards_url.rstrip("/").rsplit("/", 1)[0]
+    url = storage.join(parent, name)
+    if "manifest.json" not in storage.listing(url):
+        return None
+    return str(storage.mirror(url, log=log))
+
+
 def load_manifest(shards_dir: str) -> dict[str, Any]:
     """The shard folder's manifest, refused (ShardMismatch, one line) when it is damaged, disagrees
     with itself, or lists a file that is missing or outside the folder. Reads no file contents."""

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,10 +31,11 @@ class ReadStep(DocumentStep):
         self.signature_spec = signature_spec
 
     def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
-        """The input files themselves: name, size and mtime (expanded here, before any work, so a
-        missing or unreadable input is an error before the cluster starts)."""
+        """The input files themselves: a local file's name, size and mtime, an object's URL, size and
+        ETag (expanded here, before any work, so a missing or unreadable input is an error before the
+        cluster starts)."""
         self.files = read.expand_inputs(cfg.input.paths)
-        files = [(read.display_path(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in self.files]
+        files = [read.input_stamp(f) for f in self.files]
         language = read_language(cfg)
         if language is None:
             return [files, {"language_cjk_share": cfg.filter.scripts.cjk_share}]  # the `language` column's threshold
