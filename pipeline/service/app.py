@@ -12,7 +12,7 @@ import asyncio
 import hmac
 import os
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Any, Literal, Optional
 
@@ -26,13 +26,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from .. import __version__
 from ..config import ConfigError, escape_text, parse_config
 from .guard import DataRoots, InputError, PathRefused, PathTooLong, UnsafeFolder, check_no_links
-from .safefs import LinkRefused, read_bytes
-from .status import LOG_NAME, job_counters, job_view, prometheus_text
+from .page import add_page_routes
+from .safefs import LinkRefused, read_bytes, read_range
+from .session import COOKIE, CSRF_HEADER, Sessions
+from .status import LOG_NAME, StepRates, job_counters, job_view, prometheus_text
 from .store import ACTIVE, STATES, JobStore, OutInUse
 from .supervisor import Supervisor
 
 MAX_BODY_BYTES = 1 << 20
 LOG_TAIL_BYTES = 16 << 20  # /log reads at most the last 16 MiB of a job's log
+LOG_CHUNK_BYTES = 1 << 20  # /log?offset= answers at most 1 MiB at a time
+# what a report.html may load: its own inline style and the data: images it embeds, nothing else (no script)
+REPORT_CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; "
+              "frame-ancestors 'none'")
 JOB_ID = r"^[0-9a-f]{16}$"
 
 
@@ -45,6 +51,10 @@ class ServiceContext:
     scheduler: str
     dashboard: Optional[str]
     max_queued: int
+    rates: StepRates = field(default_factory=StepRates)  # the running steps' ETAs, measured across status reads
+
+    def view(self, row: dict) -> dict:
+        return job_view(row, self.dashboard, self.rates)
 
 
 # ---- API models ------------------------------------------------------------------------
@@ -91,6 +101,18 @@ class StageStatus(BaseModel):
     step: Optional[dict[str, Any]] = Field(None, description="The running step's label and task count.")
 
 
+class JobProgress(BaseModel):
+    stage: Optional[str] = Field(None, description="The stage running now.")
+    stages_done: int
+    stages_total: int
+    label: Optional[str] = Field(None, description="The running step (as the CLI's progress line names it).")
+    tasks_done: Optional[int] = None
+    tasks_total: Optional[int] = None
+    percent: Optional[float] = Field(None, description="Of the running step's tasks (train: of the planned steps).")
+    eta_s: Optional[float] = Field(None, description="Seconds the running step still needs, from the rate its tasks "
+                                   "were seen to finish at; null until one was.")
+
+
 class JobStatus(BaseModel):
     id: str
     kind: str
@@ -109,6 +131,8 @@ class JobStatus(BaseModel):
     stages: list[StageStatus]
     ledger: Optional[dict[str, Any]] = Field(None, description="ledger.json when done; the finished stages' counts before.")
     train: Optional[dict[str, Any]] = None
+    elapsed_s: Optional[float] = Field(None, description="Seconds since the job started (to its end once it ended).")
+    progress: Optional[JobProgress] = Field(None, description="Where a running job is; null otherwise.")
 
 
 class JobList(BaseModel):
@@ -253,7 +277,8 @@ def prepare_job(req: JobRequest, roots: DataRoots, job_id: str) -> tuple[dict, l
 # ---- the app ---------------------------------------------------------------------------
 def create_app(ctx: ServiceContext) -> FastAPI:
     """The job API over `ctx` (its store, supervisor, data roots and token)."""
-    authorized = _bearer_check(ctx.token)
+    sessions = Sessions(ctx.token)
+    authorized = _bearer_check(ctx.token, sessions)
     app = FastAPI(title="corpusmill", version=__version__, lifespan=_lifespan(ctx),
                   description="Submit dedup, shard and pretraining jobs, follow them, fetch their reports.")
     _add_error_handlers(app)
@@ -264,16 +289,24 @@ def create_app(ctx: ServiceContext) -> FastAPI:
     _add_job_files(app, ctx, authorized)
     _add_cancel(app, ctx, authorized)
     _add_metrics(app, ctx, authorized)
+    add_page_routes(app, ctx, sessions)  # the jobs page (no OpenAPI entries)
     assert set(STATES) == {"queued", "running", "succeeded", "failed", "cancelled"}
     return app
 
 
-def _bearer_check(token: str) -> Callable[..., None]:
-    """A dependency that refuses (401) a request without the service token."""
+def _bearer_check(token: str, sessions: Sessions) -> Callable[..., None]:
+    """A dependency that refuses (401) a request without the service token, or without the jobs page's
+    session cookie; a POST on the cookie alone also needs the session's X-CSRF-Token (403 without)."""
     bearer = HTTPBearer(auto_error=False, description="The service token (CORPUSMILL_TOKEN or --token-file).")
     expected = token.encode()
 
-    def authorized(creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
+    def authorized(request: Request, creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
+        cookie = request.cookies.get(COOKIE)
+        if creds is None and sessions.valid(cookie):
+            if request.method not in ("GET", "HEAD") and not sessions.csrf_ok(cookie, request.headers.get(CSRF_HEADER)):
+                raise _error(403, "a request that changes something needs the page's X-CSRF-Token header "
+                             "(or the bearer token)")
+            return
         given = (creds.credentials if creds and creds.scheme.lower() == "bearer" else "").encode()
         if not hmac.compare_digest(given, expected):  # constant time, whatever is wrong with it
             raise HTTPException(status_code=401, detail={"detail": "missing or wrong bearer token", "keys": []},
@@ -356,15 +389,22 @@ def _add_job_routes(app: FastAPI, ctx: ServiceContext, authorized: Callable) -> 
 
     @app.get("/v1/jobs", response_model=JobList, tags=["jobs"], dependencies=[Depends(authorized)], responses=ERRORS)
     def list_jobs(state: Optional[Literal["queued", "running", "succeeded", "failed", "cancelled"]] = None,
-                  limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0, le=2**31)) -> dict:
-        """Jobs in submission order, optionally of one state."""
-        return {"jobs": [job_view(r, ctx.dashboard) for r in ctx.store.list(state, limit, offset)]}
+                  limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0, le=2**31),
+                  newest_first: bool = Query(False, description="The newest job first.")) -> dict:
+        """Jobs in submission order (or newest first), optionally of one state."""
+        return {"jobs": [ctx.view(r) for r in ctx.store.list(state, limit, offset, newest_first)]}
 
     @app.get("/v1/jobs/{job_id}", response_model=JobStatus, tags=["jobs"], dependencies=[Depends(authorized)],
              responses={**ERRORS, 404: {"model": ErrorBody}})
     def get_job(job_id: str = PathParam(pattern=JOB_ID)) -> dict:
         """State, current stage, per-stage progress and timings, the ledger so far, the error when failed."""
-        return job_view(_job_row(ctx, job_id), ctx.dashboard)
+        return ctx.view(_job_row(ctx, job_id))
+
+    @app.get("/v1/jobs/{job_id}/request", tags=["jobs"], dependencies=[Depends(authorized)],
+             responses={**ERRORS, 404: {"model": ErrorBody}})
+    def get_request(job_id: str = PathParam(pattern=JOB_ID)) -> dict:
+        """What the job runs: the validated request (kind, the whole config with defaults, paths resolved, out)."""
+        return _job_row(ctx, job_id)["request"]
 
 
 def _add_job_files(app: FastAPI, ctx: ServiceContext, authorized: Callable) -> None:
@@ -382,14 +422,15 @@ def _add_job_files(app: FastAPI, ctx: ServiceContext, authorized: Callable) -> N
             raise _error(403, f"refused: {e}") from None
         except OSError:
             raise _error(404, f"no report yet (job {row['state']})") from None
-        return HTMLResponse(data.decode("utf-8", "replace"))
+        return HTMLResponse(data.decode("utf-8", "replace"), headers={"Content-Security-Policy": REPORT_CSP,
+                                                                      "X-Content-Type-Options": "nosniff"})
 
     @app.get("/v1/jobs/{job_id}/ledger", tags=["jobs"], dependencies=[Depends(authorized)],
              responses={**ERRORS, 404: {"model": ErrorBody}})
     def get_ledger(job_id: str = PathParam(pattern=JOB_ID)) -> dict:
         """ledger.json (partial while running: the finished stages' counts); train jobs: summary.json."""
         row = _job_row(ctx, job_id)
-        view = job_view(row, ctx.dashboard)
+        view = ctx.view(row)
         if row["kind"] == "train":
             if not view["train"]:
                 raise _error(404, f"no training progress yet (job {row['state']})")
@@ -400,22 +441,35 @@ def _add_job_files(app: FastAPI, ctx: ServiceContext, authorized: Callable) -> N
 
     @app.get("/v1/jobs/{job_id}/log", response_class=PlainTextResponse, tags=["jobs"],
              dependencies=[Depends(authorized)], responses=text_errors(403, 404))
-    def get_log(job_id: str = PathParam(pattern=JOB_ID), tail: int = Query(200, ge=1, le=100000)) -> PlainTextResponse:
-        """The last `tail` lines the job printed."""
-        _job_row(ctx, job_id)
+    def get_log(job_id: str = PathParam(pattern=JOB_ID), tail: int = Query(200, ge=1, le=100000),
+                offset: Optional[int] = Query(None, ge=0, le=2**62, description="Instead of the last `tail` lines: "
+                                              "what the job printed from this byte on (at most 1 MiB, whole lines "
+                                              "while it runs). Follow a log with the X-Log-Offset of each answer.")
+                ) -> PlainTextResponse:
+        """The last `tail` lines the job printed, or what it printed from `offset` on. The X-Log-Offset header is
+        where the text ends in the log, the offset to ask for next."""
+        row = _job_row(ctx, job_id)
         try:
-            text = read_bytes(ctx.supervisor.job_dir(job_id) / LOG_NAME, LOG_TAIL_BYTES, tail=True).decode("utf-8", "replace")
+            data, start, _ = read_range(ctx.supervisor.job_dir(job_id) / LOG_NAME, offset,
+                                        LOG_CHUNK_BYTES if offset is not None else LOG_TAIL_BYTES)
         except LinkRefused as e:
             raise _error(403, f"refused: {e}") from None
         except OSError:
-            text = ""
-        return PlainTextResponse("\n".join(text.splitlines()[-tail:]) + "\n")
+            data, start = b"", 0
+        if row["state"] in ACTIVE and b"\n" in data:  # a line still being written is sent once it is whole
+            data = data[:data.rindex(b"\n") + 1]
+        headers = {"X-Log-Offset": str(start + len(data))}
+        text = data.decode("utf-8", "replace")
+        if offset is not None:
+            return PlainTextResponse(text, headers=headers)
+        return PlainTextResponse("\n".join(text.splitlines()[-tail:]) + "\n", headers=headers)
 
 
 def _add_cancel(app: FastAPI, ctx: ServiceContext, authorized: Callable) -> None:
     @app.post("/v1/jobs/{job_id}/cancel", status_code=202, response_model=JobStatus, tags=["jobs"],
               dependencies=[Depends(authorized)],
               responses={**ERRORS, 400: {"model": ErrorBody}, 404: {"model": ErrorBody},
+                         403: {"model": ErrorBody, "description": "A page session without its X-CSRF-Token."},
                          409: {"model": ErrorBody, "description": "Already finished."}})
     def cancel(job_id: str = PathParam(pattern=JOB_ID)) -> dict:
         """Cancel a queued job at once, or a running one (SIGINT, then SIGKILL after a grace period)."""
@@ -424,13 +478,13 @@ def _add_cancel(app: FastAPI, ctx: ServiceContext, authorized: Callable) -> None
         row = _job_row(ctx, job_id)
         if row["state"] == "queued" and ctx.store.update(job_id, expect=("queued",), state="cancelled",
                                                          cancel_requested=1, finished_utc=utc_now()):
-            return job_view(_job_row(ctx, job_id), ctx.dashboard)
+            return ctx.view(_job_row(ctx, job_id))
         if ctx.store.update(job_id, expect=("running",), cancel_requested=1):
-            return job_view(_job_row(ctx, job_id), ctx.dashboard)
+            return ctx.view(_job_row(ctx, job_id))
         row = _job_row(ctx, job_id)
         if row["state"] in ACTIVE:  # it moved from queued to running in between: cancel the running job
             ctx.store.update(job_id, expect=ACTIVE, cancel_requested=1)
-            return job_view(_job_row(ctx, job_id), ctx.dashboard)
+            return ctx.view(_job_row(ctx, job_id))
         raise _error(409, f"job {job_id} already {row['state']}")
 
 

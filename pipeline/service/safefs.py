@@ -81,6 +81,18 @@ def read_bytes(path: Union[str, Path], max_bytes: int = MAX_READ_BYTES, tail: bo
         return f.read(max_bytes)
 
 
+def read_range(path: Union[str, Path], offset: Optional[int], max_bytes: int) -> tuple[bytes, int, int]:
+    """(data, where it starts, the file's size): at most `max_bytes` from `offset`, or with offset None the
+    file's last `max_bytes`; read without following links, as read_bytes. A log follower resumes at
+    start + len(data)."""
+    fd = _open_nofollow(path)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        start = max(0, size - max_bytes) if offset is None else min(offset, size)
+        f.seek(start)
+        return f.read(max_bytes), start, size
+
+
 def read_text(path: Union[str, Path], max_bytes: int = MAX_READ_BYTES, tail: bool = False) -> str:
     return read_bytes(path, max_bytes, tail).decode("utf-8", "replace")
 
@@ -116,4 +128,4 @@ def find_link(folder: Union[str, Path]) -> Optional[str]:
     return None
 
 
-__all__ = ["LinkRefused", "find_link", "read_bytes", "read_optional", "read_text"]
+__all__ = ["LinkRefused", "find_link", "read_bytes", "read_optional", "read_range", "read_text"]

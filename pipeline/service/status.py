@@ -9,6 +9,9 @@ reads as no file at all.
 from __future__ import annotations
 
 import json
+import threading
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
@@ -68,8 +71,81 @@ def train_progress(folder: Path, planned_steps: Optional[int]) -> Optional[dict]
             "lr": record.get("lr"), "tokens_per_s": record.get("tokens_per_s")}
 
 
-def job_view(row: dict, dashboard: Optional[str]) -> dict[str, Any]:
-    """The job's status document (GET /v1/jobs/{id})."""
+class StepRates:
+    """The ETA of each running job's current step, from the rate its tasks were seen to finish at.
+
+    A run's progress.json holds the running step's task count, not when the step began, so the rate is
+    measured across status reads (the page and `corpusmill jobs` poll): from the first read that saw
+    this step to the latest one, as the CLI's own progress line measures it from the step's start.
+    One entry per running job, dropped when the job is seen ended."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[tuple, float, int]] = {}
+
+    def eta(self, job_id: str, label: str, done: int, total: int, now: Optional[float] = None) -> Optional[float]:
+        """Seconds left for this step, or None until a task was seen to finish."""
+        now = time.monotonic() if now is None else now
+        key = (label, total)
+        with self._lock:
+            entry = self._seen.get(job_id)
+            if entry is None or entry[0] != key or done < entry[2]:
+                self._seen[job_id] = (key, now, done)
+                return None
+            _, first, done_then = entry
+        if done <= done_then or now <= first or done >= total:
+            return 0.0 if done >= total else None
+        return (total - done) * (now - first) / (done - done_then)
+
+    def forget(self, job_id: str) -> None:
+        with self._lock:
+            self._seen.pop(job_id, None)
+
+
+def _utc_seconds(text: Optional[str]) -> Optional[float]:
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp() if text else None
+    except (TypeError, ValueError):
+        return None
+
+
+def elapsed_seconds(row: dict, now: Optional[float] = None) -> Optional[float]:
+    """Seconds from the job's start to its end (or to now while it runs); None before it started."""
+    start = _utc_seconds(row.get("started_utc"))
+    if start is None:
+        return None
+    end = _utc_seconds(row.get("finished_utc")) if row.get("finished_utc") else (time.time() if now is None else now)
+    return max(0.0, round((end or start) - start, 1))
+
+
+def _progress(view: dict[str, Any], rates: Optional[StepRates]) -> Optional[dict[str, Any]]:
+    """Where a running job is: its stage (n of m), the running step's tasks and their ETA."""
+    if view["state"] != "running":
+        if rates is not None:
+            rates.forget(view["id"])
+        return None
+    stages = view["stages"]
+    progress: dict[str, Any] = {"stage": view["stage"], "stages_done": sum(s["state"] in ("done", "skipped") for s in stages),
+                                "stages_total": len(stages), "label": None, "tasks_done": None, "tasks_total": None,
+                                "percent": None, "eta_s": None}
+    step = next((s.get("step") for s in stages if s["state"] == "running" and s.get("step")), None)
+    train = view.get("train")
+    if step and isinstance(step.get("tasks_done"), int) and isinstance(step.get("tasks_total"), int):
+        label, done, total = str(step.get("label")), step["tasks_done"], step["tasks_total"]
+    elif view["stage"] == "train" and train and isinstance(train.get("step"), int) and isinstance(train.get("planned_steps"), int):
+        label, done, total = "train", train["step"], train["planned_steps"]
+    else:
+        return progress
+    progress.update(label=label, tasks_done=done, tasks_total=total,
+                    percent=round(100.0 * done / total, 1) if total > 0 else None)
+    if rates is not None and total > 0:
+        eta = rates.eta(view["id"], label, done, total)
+        progress["eta_s"] = None if eta is None else round(eta, 1)
+    return progress
+
+
+def job_view(row: dict, dashboard: Optional[str], rates: Optional[StepRates] = None) -> dict[str, Any]:
+    """The job's status document (GET /v1/jobs/{id}); `rates` adds the running step's ETA."""
     out = Path(row["out"])
     request = row["request"]
     view: dict[str, Any] = {k: row[k] for k in ("id", "kind", "state", "created_utc", "started_utc", "finished_utc",
@@ -112,6 +188,8 @@ def job_view(row: dict, dashboard: Optional[str]) -> dict[str, Any]:
         done = view["train"] if view["train"] and view["train"]["done"] else {}
         view["stages"] = [{"name": "train", "state": state, "seconds": done.get("wall_s")}]
         view["stage"] = "train" if row["state"] == "running" else None
+    view["elapsed_s"] = elapsed_seconds(row)
+    view["progress"] = _progress(view, rates)
     return view
 
 

@@ -106,12 +106,14 @@ class JobStore:
         with self._lock:
             return self._row(self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone())
 
-    def list(self, state: Optional[str] = None, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+    def list(self, state: Optional[str] = None, limit: int = 100, offset: int = 0,
+             newest_first: bool = False) -> list[dict[str, Any]]:
         sql, args = "SELECT * FROM jobs", []
         if state:
             sql, args = sql + " WHERE state = ?", [state]
+        order = " ORDER BY seq DESC" if newest_first else " ORDER BY seq"
         with self._lock:
-            rows = self._db.execute(sql + " ORDER BY seq LIMIT ? OFFSET ?", (*args, limit, offset)).fetchall()
+            rows = self._db.execute(sql + order + " LIMIT ? OFFSET ?", (*args, limit, offset)).fetchall()
         return [self._row(r) for r in rows]
 
     def counts(self) -> dict[str, int]:
