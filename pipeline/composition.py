@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusmill.stages.base import in_sorted, one_array
+from corpusmill.stages.base import in_sorted, one_array, read_table
 from corpusmill.stages.composition import UNKNOWN, flatten
 
 from .ledger import DUPLICATES, LedgerError
@@ -51,7 +51,7 @@ class _Groups:
     def _table(self, path: str, uid_only: bool = False) -> pa.Table:
         names = pq.read_schema(path).names
         columns = ["uid"] if uid_only else ["uid", "source"] + (["language"] if "language" in names else [])
-        return pq.read_table(path, columns=columns)
+        return read_table(path, columns=columns)
 
     def missing_from_own_part(self, file: str, uids: np.ndarray) -> np.ndarray:
         """The uids of a removed file that its own read part does not hold (none, for a document step)."""
@@ -126,7 +126,7 @@ def _removed_uids(files: list[str], groups: _Groups, own_part: bool) -> np.ndarr
     uids = []
     for f in files:
         names = pq.read_schema(f).names
-        table = pq.read_table(f, columns=["uid"] + (["duplicate_of"] if "duplicate_of" in names else []))
+        table = read_table(f, columns=["uid"] + (["duplicate_of"] if "duplicate_of" in names else []))
         uid = table.column("uid").to_numpy()
         uids.append(groups.missing_from_own_part(f, uid) if own_part else uid)
         if "duplicate_of" in names:
@@ -214,7 +214,7 @@ def _removed_rows(step: str, kind: str, files: list[str], index: _Groups, entry,
     for f in files:
         names = pq.read_schema(f).names
         columns = ["uid", "reason"] + (["duplicate_of"] if "duplicate_of" in names else [])
-        table = pq.read_table(f, columns=columns)
+        table = read_table(f, columns=columns)
         src, lang = index.codes(table.column("uid").to_numpy(), f if own_part else None)
         encoded = one_array(table.column("reason").fill_null("?")).dictionary_encode()
         local = np.array([reasons.setdefault(str(r), len(reasons)) for r in encoded.dictionary.to_pylist()], np.int64)

@@ -80,7 +80,7 @@ def sample_part(path: str, seed: int, rate: float, max_chars: int, first_row_gro
     if first_row_group_only:
         table = pq.ParquetFile(path).read_row_group(0, columns=["uid", "text"])
     else:
-        table = pq.read_table(path, columns=["uid", "text"])
+        table = read_table(path, columns=["uid", "text"])
     uids = table.column("uid").to_numpy()
     hashes = np.fromiter((xxhash.xxh3_64_intdigest(int(u).to_bytes(8, "little", signed=True), seed) for u in uids.tolist()),
                          dtype=np.uint64, count=len(uids))
@@ -114,7 +114,7 @@ def removed_texts(part: str, uids: np.ndarray, chars: Optional[int]) -> dict[int
 
 def attach_removed_text(path: str, texts: dict[int, Optional[str]]) -> None:
     """Rewrite one removed/ part with a `text` column (replacing an older one)."""
-    table = pq.read_table(path)
+    table = read_table(path)
     if "text" in table.column_names:
         table = table.drop(["text"])
     column = pa.array([texts.get(u) for u in table.column("uid").to_pylist()], pa.string())

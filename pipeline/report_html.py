@@ -8,11 +8,14 @@ file stands alone).
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import io
+import os
 import re
 from pathlib import Path
 from typing import Any, Optional
+from corpusmill.stages.base import read_table
 
 MAX_SCORE_ROWS = 50_000  # documents drawn to place the histograms' bins (a seeded sample over all parts)
 STYLE = """
@@ -103,7 +106,7 @@ def _read_scores(scores_dir: str, columns: list[str]) -> Optional[dict]:
     for path, pick in zip(paths, picks):
         names = set(pq.read_schema(path).names)
         seen |= names
-        table = pq.read_table(path, columns=[c for c in columns if c in names])
+        table = read_table(path, columns=[c for c in columns if c in names])
         if pick is not None:
             table = table.take(pick)
         end = at + table.num_rows
@@ -145,7 +148,7 @@ def histogram_counts(scores_dir: str, bins: dict[str, Any], rules: dict[str, lis
     guards = {r["guard"][0] for rs in rules.values() for r in rs if r.get("guard")}
     for path in _score_paths(scores_dir):
         names = set(pq.read_schema(path).names)
-        table = pq.read_table(path, columns=[c for c in dict.fromkeys(["lang", *bins, *guards]) if c in names])
+        table = read_table(path, columns=[c for c in dict.fromkeys(["lang", *bins, *guards]) if c in names])
         n = table.num_rows
         zh = _is_zh(table.column("lang")) if "lang" in names else np.zeros(n, bool)
         for c, b in bins.items():
@@ -204,10 +207,7 @@ def score_plots(extra: dict) -> list[tuple[str, str]]:
         bins[column] = np.linspace(lo, hi if hi > lo else lo + 1, 50)
     del sample
     counted = histogram_counts(scores_dir, bins, {c: by_column[c] for c in bins})
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     plots = []
     for column, b in bins.items():
@@ -224,6 +224,29 @@ def score_plots(extra: dict) -> list[tuple[str, str]]:
                          f"({r['applies_to'].replace('_', '-')}); {share:.1%} fail")
         plots.append(("; ".join(parts), _log_histogram_png(fig, ax, column)))
     return plots
+
+
+CJK_FONTS = ["WenQuanYi Micro Hei", "Noto Sans CJK SC", "Source Han Sans SC", "SimHei", "Microsoft YaHei"]
+
+
+def _pyplot():  # type: ignore[no-untyped-def]
+    """matplotlib off screen, with a Chinese font as fallback when one is installed (Debian's
+    fonts-wqy-microhei, Noto CJK): Chinese source names are drawn, not shown as boxes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import font_manager
+
+    have = {f.name for f in font_manager.fontManager.ttflist}
+    if not have & set(CJK_FONTS):  # matplotlib's font cache may predate the font's installation
+        for path in font_manager.findSystemFonts():
+            if any(k in os.path.basename(path).lower() for k in ("wqy", "notosanscjk", "sourcehansans")):
+                with contextlib.suppress(Exception):  # a font file matplotlib cannot read is no fallback
+                    font_manager.fontManager.addfont(path)
+        have = {f.name for f in font_manager.fontManager.ttflist}
+    plt.rcParams["font.family"] = ["DejaVu Sans"] + [f for f in CJK_FONTS if f in have]  # per-glyph fallback
+    return plt
 
 
 def _png(fig) -> str:  # type: ignore[no-untyped-def]
@@ -254,10 +277,7 @@ def composition_plot(ledger: Optional[dict]) -> Optional[str]:
     groups = comp.get("groups") or []
     if not groups or not any(g.get("tokenized") for g in groups):
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     steps = list(dict.fromkeys(st for g in groups for st in g["steps"]))
     columns = ["input"] + [s for s in steps if s != "read"] + ["tokenized", "shards"]
@@ -284,10 +304,7 @@ def classifier_plots(stats: Optional[dict]) -> list[tuple[str, str]]:
     hists = c.get("histograms") or {}
     if not hists:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     import numpy as np
 
     limits = {d["column"]: d["threshold"] for d in c.get("decisions") or []}

@@ -209,12 +209,14 @@ def read_rows(path: str | Path, start: int, stop: int, columns: Optional[list[st
     return table.slice(start - bounds[groups[0]], stop - start)
 
 
-def read_table(path: str | Path, columns: Optional[list[str]] = None) -> pa.Table:
-    """A part written by `write_table_atomic`; Arrow IPC files are memory-mapped, not copied."""
-    if str(path).endswith(".arrow"):
+def read_table(path: Any, columns: Optional[list[str]] = None, **kwargs: Any) -> pa.Table:
+    """A part (or a list of parts, or a folder of them) written by `write_table_atomic`; Arrow IPC files
+    are memory-mapped, not copied. Never with partition discovery: a run directory under `year=2024/`
+    is a folder name, not a Parquet partition key (pyarrow's default would add a `year` column)."""
+    if isinstance(path, (str, Path)) and str(path).endswith(".arrow"):
         table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
         return table.select(columns) if columns else table
-    return pq.read_table(path, columns=columns)
+    return pq.read_table(path, columns=columns, partitioning=None, **kwargs)
 
 
 # ---- files: one sha256 for parts, shards, tokenizers and models; paths that must stay inside a folder

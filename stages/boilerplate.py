@@ -18,11 +18,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import xxhash
 
 from . import quality_loops
-from .base import one_array
+from .base import one_array, read_table
 from .shingles import utf8_buffers
 
 _SIGN = 1 << 63
@@ -109,7 +108,7 @@ def _count_part(path: str, min_width: int) -> tuple[list[str], np.ndarray, np.nd
     """(source names, documents per source, and per (source, line) pair: source index, line hash,
     documents holding it) for one partition. Lines are split, trimmed, measured and hashed by one
     compiled pass over the part's UTF-8 buffer (`quality_loops.line_scan`)."""
-    table = pq.read_table(path, columns=["text", "source"])
+    table = read_table(path, columns=["text", "source"])
     sources = pc.fill_null(one_array(table.column("source")).cast(pa.string()), "")
     src_codes = pc.dictionary_encode(sources)
     src_names = src_codes.dictionary.to_pylist()

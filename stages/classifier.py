@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from .base import file_sha256 as base_sha256
+from .base import file_sha256 as base_sha256, read_table
 
 PREPARE_VERSION = 1  # bump when prepare_text changes: stored classifier scores of another version are recomputed
 FASTTEXT_MAGIC = 793712314  # fastText's FASTTEXT_FILEFORMAT_MAGIC_INT32
@@ -633,9 +633,8 @@ MEAN_COLUMN = "classifier_mean"
 
 def read_scores(path: str, uids: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
     """A part's stored classifier scores {column: values}; with `uids`, checked to be that part's documents."""
-    import pyarrow.parquet as pq
 
-    t = pq.read_table(path)
+    t = read_table(path)
     stored = t.column("uid").to_numpy()
     if uids is not None and (len(stored) != len(uids) or not np.array_equal(stored, uids)):
         raise ClassifierError(f"{path}: stored classifier scores do not match the partition's documents")
@@ -652,12 +651,11 @@ def score_part(part: str, out: str, classifiers: list[dict], fraction_columns: l
     import time
 
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from .base import write_table_atomic
 
     cols = ["uid", "text", "source", "language"]
-    table = pq.read_table(part, columns=cols)
+    table = read_table(part, columns=cols)
     uids = table.column("uid").to_numpy()
     languages = np.asarray(table.column("language").fill_null("").to_pylist() if len(table) else [], dtype=object)
     reused = False
@@ -736,7 +734,7 @@ def part_buckets(path: str, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
     if "quality_bucket" not in pq.read_schema(path).names:
         raise ClassifierError(f"{path}: no quality_bucket column (the filter step ran without classifier buckets)")
-    t = pq.read_table(path, columns=["uid", "quality_bucket"])
+    t = read_table(path, columns=["uid", "quality_bucket"])
     encoded = t.column("quality_bucket").combine_chunks().dictionary_encode()
     remap = np.array([names.index(n) if n in names else -1 for n in encoded.dictionary.to_pylist()], np.int16)
     idx = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)

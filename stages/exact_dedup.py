@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from .base import REMOVED_META, BatchResult, in_sorted, one_array
+from .base import BatchResult, REMOVED_META, in_sorted, one_array, read_table
 
 HASH_META = pd.DataFrame(
     {
@@ -79,9 +79,8 @@ def fold_whitespace(texts: pa.Array) -> pa.Array:
 def hash_file(path: str, normalize: Optional[dict] = None) -> pd.DataFrame:
     """`hash_batch` of one Parquet part of documents, normalising the text first when asked
     (when the stored text is the original, as in a dedup-only job)."""
-    import pyarrow.parquet as pq
 
-    table = pq.read_table(path, columns=["uid", "id", "source", "text"])
+    table = read_table(path, columns=["uid", "id", "source", "text"])
     if normalize is not None:
         from .normalize import normalize_array
 

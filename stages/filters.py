@@ -13,9 +13,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from .base import REMOVED_SCHEMA, BatchResult, one_array, removed_frame, write_table_atomic
+from .base import BatchResult, REMOVED_SCHEMA, one_array, read_table, removed_frame, write_table_atomic
 from .boilerplate import strip_lines_array
 from .quality import decide, detected_language, dominant_script, score_texts
 
@@ -51,7 +50,7 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
     if drop_lines:
         texts, lines_removed = strip_lines_array(texts, src, drop_lines, named)
     if reuse_scores and scores_path and os.path.isfile(scores_path):
-        scores = pq.read_table(scores_path).to_pandas()
+        scores = read_table(scores_path).to_pandas()
         if len(scores) != len(df) or not np.array_equal(scores["uid"].to_numpy(), df["uid"].to_numpy(dtype="int64")):
             raise RuntimeError(f"{scores_path}: stored scores do not match the partition's documents")
         scores = scores.drop(columns=["uid", "lines_removed"])

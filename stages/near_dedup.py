@@ -19,7 +19,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from . import exact_dedup, minhash, simhash, sketch
-from .base import REMOVED_META, in_sorted, one_array, write_table_atomic
+from .base import REMOVED_META, in_sorted, one_array, read_table, write_table_atomic
 from .normalize import normalize_array
 from .shingles import ShingleSpec, same_components, shingle_hashes, shingle_hashes_multi
 
@@ -49,7 +49,7 @@ def signature_part(in_path: str, out_path: str, spec: SignatureSpec, exclude: Op
     out documents an earlier find phase removed whose removal is deferred to a later pass."""
     columns = ["uid", "id", "source", "text"] + (["meta"] if spec.keep_field else [])
     has_language = spec.exact and "language" in pq.read_schema(in_path).names
-    table = pq.read_table(in_path, columns=columns + (["language"] if has_language else []))
+    table = read_table(in_path, columns=columns + (["language"] if has_language else []))
     if exclude is not None and len(exclude) and table.num_rows:
         table = table.filter(pa.array(~in_sorted(table.column("uid").to_numpy(), exclude)))
     return signature_table(table, out_path, spec)
@@ -174,20 +174,20 @@ def _keep_keys(metas: list, field: Optional[str]) -> list:
 
 def load_signatures(path: str, fields: list[str], rename: Optional[dict] = None) -> pd.DataFrame:
     """Columns of a signature part, optionally renamed (merges need distinct names per side)."""
-    table = pq.read_table(path, columns=fields)
+    table = read_table(path, columns=fields)
     # binary columns stay Arrow-backed: Dask would otherwise try to turn bytes objects into strings
     df = table.to_pandas(types_mapper=lambda t: pd.ArrowDtype(t) if pa.types.is_binary(t) else None)
     return df.rename(columns=rename) if rename else df
 
 
 def minhash_band_part(path: str, bands: int, rows: int) -> pd.DataFrame:
-    df = pq.read_table(path, columns=["uid", "minhash"]).to_pandas()
+    df = read_table(path, columns=["uid", "minhash"]).to_pandas()
     sig = _sig_matrix(df["minhash"])
     return minhash.band_rows(df["uid"].to_numpy(), sig, bands, rows)
 
 
 def simhash_block_part(path: str, max_distance: int) -> pd.DataFrame:
-    df = pq.read_table(path, columns=["uid", "simhash", "simhash_features"]).to_pandas()
+    df = read_table(path, columns=["uid", "simhash", "simhash_features"]).to_pandas()
     fps = df["simhash"].to_numpy().view(np.uint64)
     return simhash.block_rows(df["uid"].to_numpy(), fps, df["simhash_features"].to_numpy() > 0, max_distance)
 
@@ -266,7 +266,7 @@ def texts_for_uids(path: str, uids_sorted: np.ndarray, normalize: Optional[dict]
                    rename: Optional[dict] = None) -> pd.DataFrame:
     """(uid, text) of the documents of one part whose uid is in `uids_sorted`, normalised as
     `signature_part` normalises them (so verification sees the text the signatures saw)."""
-    table = pq.read_table(path, columns=["uid", "text"])
+    table = read_table(path, columns=["uid", "text"])
     table = table.filter(pa.array(in_sorted(table.column("uid").to_numpy(), uids_sorted)))
     texts = one_array(table.column("text"))
     if normalize is not None:
@@ -330,7 +330,7 @@ def node_methods(edge_path: Optional[str]) -> pd.DataFrame:
     """(uid, method) per node of one edge part: 0 when any MinHash edge touches it, else 1 (SimHash)."""
     if edge_path is None:
         return pd.DataFrame({"uid": pd.Series(dtype="int64"), "method": pd.Series(dtype="int8")})
-    e = pq.read_table(edge_path, columns=["a", "b", "method"]).to_pandas()
+    e = read_table(edge_path, columns=["a", "b", "method"]).to_pandas()
     nodes = pd.DataFrame({"uid": np.concatenate([e["a"], e["b"]]), "method": np.concatenate([e["method"], e["method"]])})
     return nodes.groupby("uid", as_index=False)["method"].min()
 
@@ -357,7 +357,7 @@ def finish_removed(part: pd.DataFrame, minhash_threshold: float = np.nan, simhas
 
 def rows_for_uids(path: str, uids_sorted: np.ndarray, fields: list[str]) -> pd.DataFrame:
     """The rows of one signature part whose uid is in `uids_sorted` (only what a small step needs)."""
-    table = pq.read_table(path, columns=fields)
+    table = read_table(path, columns=fields)
     return table.filter(pa.array(in_sorted(table.column("uid").to_numpy(), uids_sorted))).to_pandas()
 
 
@@ -381,7 +381,7 @@ def repoint_exact_removed(exact_files: list[str], near_removed: pd.DataFrame) ->
                                                                     near_removed["duplicate_of_id"].tolist())))
     changed = 0
     for path in exact_files:
-        df = pq.read_table(path).to_pandas()
+        df = read_table(path).to_pandas()
         if "exact_of" not in df.columns:
             df["exact_of"], df["exact_of_id"] = df["duplicate_of"], df["duplicate_of_id"]
         hits = [keeper.get(int(u)) for u in df["exact_of"].to_numpy()]

@@ -26,6 +26,7 @@ import numpy as np
 from . import manifest as mf
 from .shard import (ACTUAL_SEQ_LEN, IGNORE_INDEX, LAYOUTS, ShardError, Windows, file_name, mindformers_snippet,
                     plan_shards, verify_shard_dir, write_mindrecord)
+from .base import read_table
 
 CHUNK_SAMPLES = 4096  # samples of one output file held at a time
 SAMPLE_GROUPS = "sample_groups.parquet"  # pipeline.steps.shard.SAMPLE_GROUPS
@@ -66,9 +67,8 @@ def open_set(path: str, log: Callable[[str], None] = print) -> ShardSet:
     names = [(g["source"], g["language"]) for g in comp.get("groups", [])]
     groups_file = os.path.join(root, SAMPLE_GROUPS)
     if names and os.path.isfile(groups_file):
-        import pyarrow.parquet as pq
 
-        table = pq.read_table(groups_file, columns=["file", "row", "group"])
+        table = read_table(groups_file, columns=["file", "row", "group"])
         f, r, g = (table.column(c).to_numpy() for c in ("file", "row", "group"))
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         if len(f) != len(row) or (f >= len(counts)).any() or (r >= counts[f]).any():

@@ -297,3 +297,16 @@ def test_resume_never_walks_a_stage_folder_linked_out_of_the_run(tmp_path):
     with pytest.raises(OSError):
         RunDir(run).resume_folder("tokenize", "somelink")
     assert (outside / "keep.txt").read_text() == "mine"
+
+
+def test_a_dedup_job_whose_folders_look_like_hive_partitions_reads_its_own_parts(tmp_path, dask_client):
+    """`a=b` in the run directory's path is a folder name, not a Parquet partition key: lists of a run's
+    part files are read without partition discovery (a `year=2024/` output folder is ordinary)."""
+    docs = [{"id": f"d{i}", "text": f"document number {i % 10} about rivers and stones " * 8} for i in range(40)]
+    write_jsonl(tmp_path / "in" / "a.jsonl", docs)
+    out = tmp_path / "year=2024" / "lang=zh" / "dedup"
+    rc = main(["dedup", str(tmp_path / "in"), "--out", str(out), "--methods", "exact,minhash",
+               "--scheduler", dask_client.scheduler.address])
+    assert rc == 0
+    ledger = json.loads((out / "ledger.json").read_text(encoding="utf-8"))
+    assert ledger["balanced"] and ledger["kept"] == 10 and ledger["duplicates"] == 30

@@ -11,13 +11,13 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 from dask import delayed
 
 from corpusmill.stages.base import excerpt, in_sorted, write_json_atomic, write_table_atomic, write_text_atomic
 
 from ..rundir import EXPORT_KEPT, EXPORT_REMOVED
 from ..step import Step, StepContext, StepResult
+from corpusmill.stages.base import read_table
 
 DEDUP_STEPS = ("reference_dedup", "exact_dedup", "near_dedup")
 DEFERRED_STEPS = ("exact_dedup", "near_dedup")  # the steps whose removal a dedup job leaves to the export
@@ -121,7 +121,7 @@ def kept_field_kinds(path: str, drop_sorted: Optional[np.ndarray] = None) -> dic
     the column types of kept/ are decided over all parts, so every file has the same schema); only
     of the kept documents when the part still holds the removed ones (`drop_sorted`)."""
     kinds: dict[str, set] = {}
-    table = pq.read_table(path, columns=["uid", "meta"])
+    table = read_table(path, columns=["uid", "meta"])
     table = table.filter(pa.array(_kept_rows(table, drop_sorted)))
     for m in table.column("meta").to_pylist():
         if m:
@@ -153,7 +153,7 @@ def export_kept_part(path: str, out_dir: str, fmt: str, text_field: str, id_fiel
     (from `kept_field_types`) so every part has the same schema. With `drop_sorted` (the dedup
     steps' removal left to this pass) the part's documents with those uids are left out, and with
     `excerpt_chars` not 0 returns (rows, {uid: text excerpt} of those left out) for the audit rows."""
-    table = pq.read_table(path)
+    table = read_table(path)
     if drop_sorted is not None:
         keep = _kept_rows(table, drop_sorted)
         gone = table.filter(pa.array(~keep))
@@ -205,7 +205,7 @@ def export_removed_part(path: str, target: str, fmt: str = "parquet") -> int:
     """A removed-documents part as the dedup job presents it, in the job's format (`target` is
     written with the suffix .parquet or .jsonl): `duplicate_of` is the kept document's id, `text`
     the removed document's text (or its excerpt). Returns the rows written."""
-    df = pq.read_table(path).to_pandas()
+    df = read_table(path).to_pandas()
     out = pd.DataFrame({
         "uid": df["uid"], "id": df["id"], "source": df["source"], "reason": df["reason"],
         "duplicate_of": df["duplicate_of_id"], "duplicate_of_uid": df["duplicate_of"],

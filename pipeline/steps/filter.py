@@ -16,7 +16,7 @@ from dask import delayed
 
 from corpusmill.stages import blocklist, boilerplate, filters, normalize, quality
 from corpusmill.stages import classifier as clf
-from corpusmill.stages.base import merge_stats, write_json_atomic, write_table_atomic
+from corpusmill.stages.base import merge_stats, read_table, write_json_atomic, write_table_atomic
 
 from ..config import FilterConfig
 from ..executor import run_batch_part
@@ -388,7 +388,7 @@ def boilerplate_lines(ctx: StepContext, parts: list[str], cache: Path, reuse: bo
                                "hash": rows[:, 1], "docs": rows[:, 2]})
         chosen = chosen.sort_values(["source", "hash"], kind="stable").reset_index(drop=True)
         write_table_atomic(pa.Table.from_pandas(chosen, preserve_index=False), path)
-    chosen = pq.read_table(path).to_pandas()
+    chosen = read_table(path).to_pandas()
     drop = {str(s): set(g["hash"].tolist()) for s, g in chosen.groupby("source")}
     top = chosen.sort_values(["docs", "source", "hash"], ascending=[False, True, True]).head(TOP_BOILERPLATE_LINES)
     stats = {"enabled": True, "distinct_lines": int(len(chosen)),
@@ -425,14 +425,14 @@ def removed_examples(removed_dir: Path, text_dir: Path, per_reason: int = 3, aud
     columns = ["uid", "id", "reason", "score"] + (["override"] if "override" in names else [])
     chosen, seen, texts = [], pd.Series(dtype="int64"), {}
     for f in files:
-        rows = pq.read_table(str(f), columns=columns).to_pandas()
+        rows = read_table(str(f), columns=columns).to_pandas()
         head = rows.groupby("reason").head(per_reason)
         room = per_reason - seen.reindex(head["reason"]).fillna(0).to_numpy()
         head = head[head.groupby("reason").cumcount().to_numpy() < room]
         seen = seen.add(head["reason"].value_counts(), fill_value=0)
         chosen.append(head)
         if from_audit and len(head):  # the text column of this part only, and only its examples' rows
-            cut = pq.read_table(str(f), columns=["text"]).column("text").take(pa.array(head.index.to_numpy()))
+            cut = read_table(str(f), columns=["text"]).column("text").take(pa.array(head.index.to_numpy()))
             texts.update({int(u): (t or "")[:EXAMPLE_CHARS] for u, t in zip(head["uid"], cut.to_pylist())})
     picked = pd.concat(chosen, ignore_index=True)
     if not from_audit:
@@ -452,10 +452,10 @@ def _texts_by_uid(text_dir: Path, want: set[int]) -> dict[int, str]:
     texts: dict[int, str] = {}
     value_set = pa.array(sorted(want), type=pa.int64())
     for f in sorted(text_dir.glob("part-*.parquet")):
-        hit = pa.compute.is_in(pq.read_table(f, columns=["uid"]).column("uid"), value_set=value_set)
+        hit = pa.compute.is_in(read_table(f, columns=["uid"]).column("uid"), value_set=value_set)
         if not pa.compute.any(hit).as_py():
             continue
-        t = pq.read_table(f, columns=["uid", "text"]).filter(hit)
+        t = read_table(f, columns=["uid", "text"]).filter(hit)
         for row in t.to_pylist():
             texts[row["uid"]] = (row["text"] or "")[:EXAMPLE_CHARS]
         if len(texts) == len(want):

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpusmill.stages import components
-from corpusmill.stages.base import write_table_atomic
+from corpusmill.stages.base import read_table, write_table_atomic
 
 from ...step import StepContext
 
@@ -33,7 +33,7 @@ def write_edges(ctx: StepContext, edge_sets: list, folder: Path, stats: dict[str
         ctx.write_partitions(dd.concat(edge_sets), folder, "near_dedup: bucketing candidates (Dask shuffles)")
     files = sorted(str(p) for p in folder.glob("*.parquet"))
     for f in files:
-        method = pq.read_table(f, columns=["method"]).column("method").to_numpy()
+        method = read_table(f, columns=["method"]).column("method").to_numpy()
         for code, name in ((0, "minhash"), (1, "simhash")):
             if getattr(dc, name).enabled:
                 stats["edges"][name] = stats["edges"].get(name, 0) + int(np.sum(method == code))
@@ -46,7 +46,7 @@ def edge_count(files: list[str]) -> int:
 
 def cluster_in_memory(files: list[str]) -> Any:
     """(uid, root) for every document on an edge; root = the smallest uid of its component."""
-    e = pq.read_table(files, columns=["a", "b"]) if files else None
+    e = read_table(files, columns=["a", "b"]) if files else None
     return components.components_in_memory(
         e.column("a").to_numpy() if e is not None else np.empty(0, np.int64),
         e.column("b").to_numpy() if e is not None else np.empty(0, np.int64))

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpusmill.stages import exact_dedup, near_dedup
-from corpusmill.stages.base import REMOVED_META, write_table_atomic
+from corpusmill.stages.base import REMOVED_META, read_table, write_table_atomic
 
 from ...step import StepContext, StepResult
 from . import removal, signatures
@@ -77,7 +77,7 @@ def find_duplicates_in_memory(sig_files: list[str]) -> pd.DataFrame:
     (the same kernel on one frame holding every copy of every hash)."""
     if not sig_files:
         return REMOVED_META.copy()
-    hashes = pq.read_table(sig_files, columns=HASH_COLUMNS).to_pandas()
+    hashes = read_table(sig_files, columns=HASH_COLUMNS).to_pandas()
     return exact_dedup.duplicates_in_group(hashes)
 
 

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 from corpusmill.stages import exact_dedup, minhash, near_dedup
-from corpusmill.stages.base import in_sorted, write_json_atomic, write_table_atomic
+from corpusmill.stages.base import in_sorted, read_table, write_json_atomic, write_table_atomic
 
 from ...config import Config
 from ...rundir import DIGEST, describe_files, verify_files
@@ -105,7 +105,7 @@ class DedupIndexStep(Step):
         for step in steps:
             files = ctx.rundir.removed_files(step)
             if files:
-                keepers.append(pq.read_table(files, columns=["uid", "duplicate_of", "duplicate_of_id"]).to_pandas())
+                keepers.append(read_table(files, columns=["uid", "duplicate_of", "duplicate_of_id"]).to_pandas())
         frame = (pd.concat(keepers, ignore_index=True).drop_duplicates("uid", keep="last") if keepers
                  else pd.DataFrame({"uid": pd.Series(dtype="int64"), "duplicate_of": pd.Series(dtype="int64"),
                                     "duplicate_of_id": pd.Series(dtype="string")}))
@@ -196,7 +196,7 @@ def verify_reference(run_dir: str) -> tuple[list[str], str]:
 
 
 def _keepers(folder: Path, index: dict) -> pd.DataFrame:
-    return pq.read_table(folder / index["keepers"]).to_pandas()
+    return read_table(folder / index["keepers"]).to_pandas()
 
 
 def _resolve(uids: np.ndarray, ids: np.ndarray, keepers: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -281,7 +281,7 @@ class ReferenceDedupStep(removal.DedupStep):
             if {key: index["exact"].get(key) for key in mine} != mine:
                 raise PipelineError(f"dedup.reference {run_dir}: its exact hashes were made with other normalize "
                                     "settings than this run's; they cannot be compared")
-            t = pq.read_table(folder / index["exact"]["folder"]).to_pandas()
+            t = read_table(folder / index["exact"]["folder"]).to_pandas()
             t["uid"], t["id"] = _resolve(t["uid"].to_numpy(), t["id"].to_numpy(dtype=object), _keepers(folder, index))
             tables.append(t)
             runs.append(np.full(len(t), k, np.int64))
@@ -434,10 +434,10 @@ def filter_signatures(src: str, part: str, out_path: str, exclude: Optional[np.n
     """The rows of an already computed signature part (`src`) for the documents of `part` (less the
     sorted uids `exclude`, removed by a find phase whose removal is deferred), written to `out_path`,
     with the stats `near_dedup.signature_part` returns."""
-    uids = np.sort(pq.read_table(part, columns=["uid"]).column("uid").to_numpy())
+    uids = np.sort(read_table(part, columns=["uid"]).column("uid").to_numpy())
     if exclude is not None:
         uids = uids[~in_sorted(uids, exclude)]
-    table = pq.read_table(src)
+    table = read_table(src)
     table = table.filter(pa.array(in_sorted(table.column("uid").to_numpy(), uids)))
     if table.num_rows != len(uids):
         raise ValueError(f"{src}: holds {table.num_rows} of the {len(uids)} documents of {part}")

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from dask import delayed
 
 from corpusmill.stages import exact_dedup, near_dedup
-from corpusmill.stages.base import REMOVED_META, in_sorted, merge_stats
+from corpusmill.stages.base import REMOVED_META, in_sorted, merge_stats, read_table
 from corpusmill.stages.composition import UNKNOWN
 
 from ...executor import attach_removed_text, removed_texts, run_batch_part
@@ -43,7 +43,7 @@ def removed_uids(files: list[str]) -> np.ndarray:
     """The sorted uids of a step's removed rows."""
     if not files:
         return np.empty(0, np.int64)
-    return np.sort(pq.read_table(files, columns=["uid"]).column("uid").to_numpy())
+    return np.sort(read_table(files, columns=["uid"]).column("uid").to_numpy())
 
 
 def remove_documents(ctx: StepContext, source: str, folder: Path, drop: np.ndarray, reason: Optional[str],
@@ -81,7 +81,7 @@ def attach_texts(ctx: StepContext, folder: Path, source: str) -> None:
     files = sorted(str(p) for p in (folder / "removed").glob("*.parquet"))
     if chars == 0 or not files:
         return
-    uids = np.unique(pq.read_table(files, columns=["uid"]).column("uid").to_numpy())
+    uids = np.unique(read_table(files, columns=["uid"]).column("uid").to_numpy())
     wanted = ctx.broadcast(uids)
     texts: dict = {}
     for found in ctx.run([delayed(removed_texts)(p, wanted, chars) for p in ctx.parts(source)],
@@ -215,7 +215,7 @@ def _verified_edge_similarity(edge_files: list[str], uid: np.ndarray, keeper: np
     out = np.full(len(uid), np.nan)
     if not edge_files or not len(uid):
         return out
-    e = pq.read_table(edge_files, columns=["a", "b", "similarity", "method"]).to_pandas()
+    e = read_table(edge_files, columns=["a", "b", "similarity", "method"]).to_pandas()
     e = e[e["method"].isin([m for m, on in ((MINHASH, minhash_verified), (SIMHASH, simhash_verified)) if on])]
     if e.empty:
         return out
@@ -331,7 +331,7 @@ def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, An
     passes on is counted from their columns."""
     files = sorted(str(p) for p in (folder / "removed").glob("*.parquet"))
     columns = ["uid", "id", "source", "reason", "score", "cluster_id", "cluster_size", "duplicate_of", "duplicate_of_id"]
-    table = pq.read_table(files, columns=columns) if files else None
+    table = read_table(files, columns=columns) if files else None
     drop = np.sort(table.column("uid").to_numpy()) if table is not None else np.empty(0, np.int64)
     audit = [folder]
     if pending is not None:  # the exact step's removal is deferred to this pass: its audit texts too
@@ -409,7 +409,7 @@ def _excerpts(ctx: StepContext, parts: list[str], uids: np.ndarray) -> dict[int,
 def excerpts_part(path: str, uids: np.ndarray) -> dict[int, str]:
     """`_excerpts` of one part."""
     lo, hi = (int(uids.min()), int(uids.max())) if len(uids) else (0, -1)
-    table = pq.read_table(path, columns=["uid", "text"], filters=[("uid", ">=", lo), ("uid", "<=", hi)])
+    table = read_table(path, columns=["uid", "text"], filters=[("uid", ">=", lo), ("uid", "<=", hi)])
     table = table.filter(pa.array(in_sorted(table.column("uid").to_numpy(), uids)))
     return {int(u): (t or "")[:EXCERPT_CHARS] for u, t in zip(table.column("uid").to_pylist(), table.column("text").to_pylist())}
 
@@ -432,7 +432,7 @@ def passed_on(ctx: StepContext, sig_files: list[str], drop: np.ndarray) -> dict[
 
 def passed_on_part(sig_file: str, drop: np.ndarray) -> dict[str, Any]:
     """`passed_on` of one signature part."""
-    table = pq.read_table(sig_file, columns=["uid", "source", "language", "raw_chars"])
+    table = read_table(sig_file, columns=["uid", "source", "language", "raw_chars"])
     uid = table.column("uid").to_numpy()
     keep = ~in_sorted(uid, drop)
     return {"docs_in": int(len(uid)), "docs_out": int(keep.sum()), "removed": {"exact": int((~keep).sum())},
