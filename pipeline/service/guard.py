@@ -41,7 +41,7 @@ NOT_PATHS: set[tuple[str, ...]] = {
     ("tokenizer", "tiktoken_special_tokens"), ("shard", "format"), ("shard", "megatron_split"),
     ("filter", "scripts", "keep"), ("filter", "language", "keep"), ("normalize", "chinese_convert"),
     *((("pii", kind, key)) for kind in ("email", "phone", "id_number", "bank_card", "ip") for key in ("action", "token")),
-    ("pack", "mode"), ("pack", "remainder"), ("mix", "rest"), ("filter", "classifier_combine", "mode"),
+    ("pack", "mode"), ("pack", "remainder"), ("mix", "rest"), ("filter", "classifier_combine", "mode"), ("shard", "eod_metadata"),
     ("shard", "layout"), ("shard", "remainder"), ("shard", "verify"),
     ("cluster", "address"), ("cluster", "memory_limit"), ("cluster", "dashboard_address"),
     ("train", "num_parallel_workers"), ("train", "precision"),
