@@ -302,6 +302,13 @@ def keep_rank(df: pd.DataFrame, policy: str, order: str = "max") -> Optional[np.
     raise ValueError(f"unknown keep policy {policy!r}")
 
 
+def _keeper_order(df: pd.DataFrame, group: str, policy: str, order: str) -> pd.DataFrame:
+    """`df` sorted so each `group`'s first row is the document `policy` keeps (ties: the lowest uid)."""
+    df = df.sort_values([group, "uid"], kind="stable")
+    rank = keep_rank(df, policy, order)
+    return df if rank is None else df.assign(_rank=rank).sort_values([group, "_rank", "uid"], kind="stable")
+
+
 def choose_keepers(nodes: pd.DataFrame, policy: str, order: str = "max") -> pd.DataFrame:
     """Within a frame holding whole clusters (uid, root, id, source, n_chars, keep_key): one document
     kept per cluster, every other one returned with the kept one's uid and id.
@@ -310,10 +317,7 @@ def choose_keepers(nodes: pd.DataFrame, policy: str, order: str = "max") -> pd.D
     ties always go to the lowest uid, so the result never depends on partitioning."""
     if nodes.empty:
         return CLUSTER_META.copy()
-    df = nodes.sort_values(["root", "uid"], kind="stable")
-    rank_key = keep_rank(df, policy, order)
-    if rank_key is not None:
-        df = df.assign(_rank=rank_key).sort_values(["root", "_rank", "uid"], kind="stable")
+    df = _keeper_order(nodes, "root", policy, order)
     first = ~df["root"].duplicated()
     keeper_uid = df["uid"].where(first).ffill().astype("int64")
     keeper_id = df["id"].where(first).ffill()
@@ -412,10 +416,7 @@ def regroup_rejected(members: pd.DataFrame, spec: ShingleSpec, threshold: float,
     keepers and whatever `max_rounds` left unplaced are kept (keeping is the safe side)."""
     if members.empty:
         return REGROUP_META.copy()
-    df = members.sort_values(["cluster_id", "uid"], kind="stable")
-    rank = keep_rank(df, policy, order)
-    if rank is not None:
-        df = df.assign(_rank=rank).sort_values(["cluster_id", "_rank", "uid"], kind="stable")
+    df = _keeper_order(members, "cluster_id", policy, order)
     df = df.reset_index(drop=True)
     hashes, offsets = shingle_hashes(pa.array(df["text"].tolist(), pa.string()), spec)
     cluster = df["cluster_id"].to_numpy()
