@@ -324,15 +324,21 @@ def classifier_plots(stats: Optional[dict]) -> list[tuple[str, str]]:
     return plots
 
 
+def _drawn(what: str, draw: Any, arg: Any) -> tuple[list, str]:
+    """(the plots `draw(arg)` makes, "") or ([], a line saying why they could not be drawn): a plotting
+    problem must not cost a finished run its report."""
+    try:
+        return draw(arg), ""
+    except Exception as e:  # noqa: BLE001 - any failure of matplotlib or of the stats it reads
+        return [], (f"<p><strong>The {what} plots could not be drawn: {html.escape(type(e).__name__)}: "
+                    f"{html.escape(str(e))}</strong></p>")
+
+
 def render_html(markdown: str, extra: dict, title: Optional[str] = None, ledger: Optional[dict] = None,
                 stats: Optional[dict] = None) -> str:
     body = markdown_to_html(markdown)
-    try:
-        learned = classifier_plots(stats)
-    except Exception as e:  # noqa: BLE001 - a plotting problem must not cost a finished run its report
-        learned = []
-        body = (f'<p><strong>The classifier plots could not be drawn: {html.escape(type(e).__name__)}: '
-                f"{html.escape(str(e))}</strong></p>") + body
+    learned, failed = _drawn("classifier", classifier_plots, stats)
+    body = failed + body
     if learned:
         marker = '<h2 id="quality-classifiers'
         figures = "\n".join(f'<figure><img alt="{html.escape(c)}" src="data:image/png;base64,{b}" width="100%">'
@@ -353,12 +359,8 @@ def render_html(markdown: str, extra: dict, title: Optional[str] = None, ledger:
                   "</figure>")
         at = body.find("</h2>", body.find(marker)) + len("</h2>") if marker in body else len(body)
         body = body[:at] + figure + body[at:]
-    try:
-        plots = score_plots(extra)
-    except Exception as e:  # noqa: BLE001 - a plotting problem must not cost a finished run its report
-        plots = []
-        body = (f'<p><strong>The score plots could not be drawn: {html.escape(type(e).__name__)}: '
-                f"{html.escape(str(e))}</strong></p>") + body
+    plots, failed = _drawn("score", score_plots, extra)
+    body = failed + body
     if plots:
         figures = "\n".join(f'<figure><img alt="{html.escape(c)}" src="data:image/png;base64,{b}" width="100%">'
                             f"<figcaption>{html.escape(c)}</figcaption></figure>" for c, b in plots)
