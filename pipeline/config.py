@@ -665,11 +665,32 @@ class SimHashConfig(_Section):
     window: int = Field(64, gt=0, le=1 << 16, description="Sorted neighbours compared in an oversized bucket.")
 
 
+class ParagraphDedupConfig(_Section):
+    enabled: bool = Field(False, description="Paragraph-level dedup across the corpus (the run job, after near dedup): "
+                          "a paragraph (a line; blank lines separate) found in at least min_docs documents stays in the "
+                          "first of them (lowest uid) and is removed from the others (disclaimers, copyright and ICP "
+                          "lines, navigation). Compared after folding whitespace and lowercasing; the original text "
+                          "loses the line.")
+    min_chars: int = Field(20, ge=1, le=MAX_COUNT, description="A paragraph with fewer non-space characters than this "
+                           "is never removed (characters, not words: a CJK character counts one).")
+    min_docs: int = Field(2, ge=2, le=MAX_COUNT, description="Distinct documents a paragraph must occur in to be removed "
+                          "from all but the first.")
+    keep: Literal["first"] = Field("first", description="Which document keeps a repeated paragraph: first = the "
+                                   "lowest uid (input order).")
+    min_doc_chars_left: int = Field(20, ge=0, le=MAX_COUNT, description="A document left with fewer non-space "
+                                    "characters than this after its paragraphs are removed (or with none) is removed "
+                                    "whole, reason paragraph_dedup_empty; a document that keeps a repeated paragraph "
+                                    "for the corpus never is.")
+    examples: int = Field(10, ge=0, le=1000, description="Repeated paragraphs the report shows (the most widespread), "
+                          "with their text and the documents holding them.")
+
+
 class DedupConfig(_Section):
     exact: bool = Field(True, description="Remove exact duplicates of the normalised text.")
     minhash: MinHashConfig = Field(default_factory=MinHashConfig)
     simhash: SimHashConfig = Field(default_factory=SimHashConfig)
     shingling: ShinglingConfig = Field(default_factory=ShinglingConfig)
+    paragraph: ParagraphDedupConfig = Field(default_factory=ParagraphDedupConfig)
     keep: Literal["lowest_uid", "longest", "field"] = Field(
         "lowest_uid", description="Which document of a near-duplicate cluster is kept (ties: lowest uid)."
     )
@@ -764,6 +785,45 @@ class TokenizerConfig(_Section):
         return self
 
 
+class RehydrateWeight(_Section):
+    min_size: int = Field(..., ge=1, le=MAX_COUNT, description="Smallest cluster size (the kept document and its "
+                          "removed duplicates) this weight applies to ...")
+    max_size: Optional[int] = Field(None, ge=1, le=MAX_COUNT, description="... up to this size (inclusive); null: no "
+                                    "upper end.")
+    copies: int = Field(..., ge=1, le=int(MAX_EPOCHS), description="Times the kept document is packed (1: once, as "
+                        "without rehydration).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "RehydrateWeight":
+        if self.max_size is not None and self.max_size < self.min_size:
+            raise ValueError(f"max_size {self.max_size} is below min_size {self.min_size}")
+        return self
+
+
+def _fineweb2_weights() -> list[RehydrateWeight]:
+    return [RehydrateWeight(min_size=2, max_size=4, copies=2), RehydrateWeight(min_size=5, max_size=100, copies=3),
+            RehydrateWeight(min_size=101, max_size=1000, copies=2)]
+
+
+class RehydrateConfig(_Section):
+    enabled: bool = Field(False, description="Upsample each kept document by how many copies of it dedup removed "
+                          "(FineWeb-2's rehydration: text that many pages repeat is often good text, but the very "
+                          "largest clusters are templates and spam). Cluster sizes come from exact and near dedup's "
+                          "removed rows of this run (a chain of removals counts toward its final keeper); "
+                          "reference dedup's are not counted.")
+    weights: list[RehydrateWeight] = Field(default_factory=_fineweb2_weights, description="Copies per cluster size, "
+                                           "in non-overlapping size ranges; a size no range covers (a document without "
+                                           "duplicates: size 1) is packed once.")
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> "RehydrateConfig":
+        spans = sorted((w.min_size, w.max_size if w.max_size is not None else MAX_COUNT) for w in self.weights)
+        for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+            if b0 <= a1:
+                raise ValueError(f"pack.rehydrate.weights: the size ranges {a0}-{a1} and {b0}-{b1} overlap")
+        return self
+
+
 class PackConfig(_Section):
     seq_length: int = Field(2048, gt=0, le=MAX_SEQ_LENGTH, description="Model sequence length; each sample holds "
                             "seq_length + 1 ids (at most 1048576 = 2^20).")
@@ -779,6 +839,8 @@ class PackConfig(_Section):
         "window mixes sources (as Megatron and datatrove do); false: corpus order (runs of one source)."
     )
     seed: int = Field(0, ge=0, le=MAX_SEED64, description="Seed of the document order (shuffle_documents; 0 to 2^64-1).")
+    rehydrate: RehydrateConfig = Field(default_factory=RehydrateConfig, description="Duplicate-aware upsampling "
+                                       "(needs shuffle_documents: the copies are spread by the seeded order).")
 
 
 class ShardConfig(_Section):
@@ -1045,6 +1107,9 @@ class Config(_Section):
         if self.split.validation > 0 and not self.pack.shuffle_documents:
             raise ValueError("split.validation needs pack.shuffle_documents: true (the split is made where the seeded "
                              "document order is)")
+        if self.pack.rehydrate.enabled and not self.pack.shuffle_documents:
+            raise ValueError("pack.rehydrate needs pack.shuffle_documents: true (the copies are spread by the seeded "
+                             "document order)")
         if self.mix.sources and not self.pack.shuffle_documents:
             raise ValueError("mix needs pack.shuffle_documents: true (the mixture is drawn where the seeded document "
                              "order is)")
@@ -1066,10 +1131,13 @@ class Config(_Section):
                                  f"holds {held}")
         return self
 
-    def section_hash(self, *names: str, extra: Any = None) -> str:
+    def section_hash(self, *names: str, extra: Any = None, ignore: tuple[tuple[str, str], ...] = ()) -> str:
         """A short stable hash of the named sections (a stage's identity for resume). Keys added later
-        join the hash only when set, so an older run's steps still resume."""
+        join the hash only when set, so an older run's steps still resume; `ignore`d (section, key)
+        pairs never do (a setting only a later step reads)."""
         payload = {n: getattr(self, n).model_dump(mode="json") for n in names}
+        for section, key in ignore:
+            payload.get(section, {}).pop(key, None)
         for (section, key), default in _HASHED_WHEN_SET.items():
             if section in payload and payload[section].get(key) == default:
                 payload[section].pop(key)
@@ -1082,7 +1150,9 @@ class Config(_Section):
 
 
 _HASHED_WHEN_SET: dict[tuple[str, str], Any] = {("dedup", "reference"): [], ("dedup", "write_index"): False,
-                                                ("shard", "megatron_split"): "rank"}
+                                                ("dedup", "paragraph"): ParagraphDedupConfig().model_dump(mode="json"),
+                                                ("shard", "megatron_split"): "rank",
+                                                ("pack", "rehydrate"): RehydrateConfig().model_dump(mode="json")}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -1244,7 +1314,9 @@ def render_example(example_paths: Optional[list[str]] = None) -> str:
                 out.append(f"{pad}{name}:")
                 emit(value, indent + 1)
             else:
-                dumped = yaml.safe_dump({name: value}, default_flow_style=True, allow_unicode=True).strip()
+                if isinstance(value, list):  # a list of models (pack.rehydrate.weights) as plain mappings
+                    value = [v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in value]
+                dumped = yaml.safe_dump({name: value}, default_flow_style=True, allow_unicode=True, width=1 << 20).strip()
                 out.append(pad + dumped.strip("{}"))
 
     cfg = Config()

@@ -92,9 +92,16 @@ def build_ledger(stats: dict[str, dict], doc_stages: dict[str, str]) -> dict[str
                                 "megatron_pairs": int(written.get("megatron_pairs", 0))}
     mix = (stats.get("pack") or {}).get("mix") if "pack" in stats else shard_stats.get("mix")
     packed = int(stats["pack"]["docs_in"]) if "pack" in stats else int(shard_stats.get("megatron_documents", 0))
+    rehydrate = (stats.get("pack") or {}).get("rehydrate") if "pack" in stats else shard_stats.get("rehydrate")
+    expected = int(stats["tokenize"]["docs_in"]) - int((held_out or {}).get("docs_in", 0)) if "tokenize" in stats else 0
+    if rehydrate is not None:  # pack.rehydrate: every training document once, plus its cluster's repeated copies
+        if rehydrate["documents"] != expected or (mix is None and packed != expected + rehydrate["repeated_copies"]):
+            raise LedgerError(f"rehydration does not add up: {expected} training documents, {rehydrate['documents']} "
+                              f"weighed, {rehydrate['repeated_copies']} repeated copies; {packed} packed")
+        ledger["rehydrate"] = rehydrate
+        expected += int(rehydrate["repeated_copies"])  # the mixture draws from the upsampled pool
     if mix is not None:  # mix: every kept document drawn (once or more) or left out, each copy counted
         m = mix
-        expected = int(stats["tokenize"]["docs_in"]) - int((held_out or {}).get("docs_in", 0))
         if not (m["documents"] == expected == m["documents_drawn"] + m["documents_left_out"]
                 and m["copies"] == m["documents_drawn"] + m["repeated_copies"] == packed):
             raise LedgerError(f"the mixture does not add up: {expected} documents to mix, {m['documents']} mixed = "

@@ -9,6 +9,7 @@ from .config import Config
 from .step import Step
 from .steps.dedup.exact import ExactDedupStep
 from .steps.dedup.near import NearDedupStep
+from .steps.dedup.paragraph import ParagraphDedupStep
 from .steps.dedup.reference import DedupIndexStep, ReferenceDedupStep
 from .steps.dedup.signatures import read_spec
 from .steps.decontaminate import DecontaminateStep
@@ -40,14 +41,16 @@ class Plan:
         for step in self.steps:
             if not step.resumable:
                 continue
-            previous = cfg.section_hash(*step.config_sections, extra=step.hash_extra(cfg, previous))
+            previous = cfg.section_hash(*step.config_sections, extra=step.hash_extra(cfg, previous),
+                                        ignore=step.hash_ignores)
             links[step.name] = previous
         return links
 
 
 def build_plan(cfg: Config, job: str) -> Plan:
-    """run: read, normalize, filter, pii (when enabled), dedup, tokenize, pack, shard (then training when
-    enabled); pack is left out when shard.format is megatron (whole documents only).
+    """run: read, normalize, filter, pii (when enabled), dedup (exact, near, paragraph when enabled),
+    decontaminate (when sets are named), tokenize, pack, shard (then training when enabled); pack is
+    left out when shard.format is megatron (whole documents only).
     dedup: read, dedup, export (the original text is kept; dedup normalises only for hashing)."""
     if job not in JOBS:
         raise ValueError(f"unknown job {job!r}")
@@ -72,6 +75,8 @@ def build_plan(cfg: Config, job: str) -> Plan:
         near_reads = exact_reads or steps[-1].name  # the parts its documents are in
         steps.append(NearDedupStep(reads=steps[-1].name, normalize_opts=normalize_opts, parts_from=exact_reads,
                                    defer_removal=to_export))
+    if job == "run" and cfg.dedup.paragraph.enabled:  # the documents near dedup kept lose their repeated paragraphs
+        steps.append(ParagraphDedupStep(reads=steps[-1].name))
     if job == "run" and cfg.decontaminate.sets:
         steps.append(DecontaminateStep(reads=steps[-1].name))
     last_documents = steps[-1].name

@@ -389,6 +389,34 @@ def _largest_clusters(near: dict, clusters: list[dict]) -> list[str]:
                     "component, because they are not near its keeper)", ""]
 
 
+def _paragraph_duplicates(r: ReportInputs) -> list[str]:
+    """dedup.paragraph: repeated paragraphs removed, per source, and the most widespread of them."""
+    p = r.stats.get("paragraph_dedup")
+    if not p:
+        return []
+    emptied = (p.get("removed") or {}).get("paragraph_dedup_empty", 0)
+    lines = ["## Repeated paragraphs", "",
+             f"{p.get('repeated_paragraphs', 0):,} paragraphs occur in several documents (of {p.get('eligible_paragraphs', 0):,} "
+             f"long enough to count); **{p.get('paragraphs_removed', 0):,} removed** from {p.get('docs_touched', 0):,} "
+             f"documents that stay ({p.get('chars_removed', 0):,} characters, {_pct(p.get('chars_removed', 0), p.get('chars_in', 0))} "
+             f"of the step's text); {emptied:,} documents left (almost) empty were removed whole "
+             f"(`paragraph_dedup_empty`, {p.get('chars_emptied', 0):,} characters). Each document's counts are in the "
+             "columns `paragraphs_removed` and `paragraph_chars_removed` of `04a-paragraph_dedup/`.", "",
+             "| source | documents | documents touched | paragraphs removed | characters removed | share of its text "
+             "| documents emptied |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, s in (p.get("by_source") or {}).items():
+        lines.append(f"| {_md_escape(name)} | {s['docs']:,} | {s['docs_touched']:,} | {s['paragraphs_removed']:,} | "
+                     f"{s['chars_removed']:,} | {_pct(s['chars_removed'], s['chars_in'])} | {s['docs_emptied']:,} |")
+    examples = (r.extra.get("paragraph_dedup") or {}).get("examples") or []
+    if examples:
+        lines += ["", "Most widespread repeated paragraphs:", "",
+                  "| documents | removed | kept in | paragraph |", "|---:|---:|---|---|"]
+        for e in examples:
+            lines.append(f"| {e['documents']:,} | {e['removed']:,} | {_md_escape(str(e.get('keeper_id')))} | "
+                         f"{_md_escape(e['text'])} |")
+    return lines + [""]
+
+
 def _special(tok: dict, key: str) -> str:
     """A special id with its token string and where it came from when known (`none` for -1)."""
     i = tok[f"{key}_id"]
@@ -549,6 +577,22 @@ def _mixture(r: ReportInputs) -> list[str]:
     return lines
 
 
+def _rehydration(r: ReportInputs) -> list[str]:
+    """pack.rehydrate: how many training documents kept a duplicate cluster, and the copies that added."""
+    h = r.ledger.get("rehydrate")
+    if not h:
+        return []
+    lines = ["## Rehydration", "",
+             f"{h['documents_in_clusters']:,} of {h['documents']:,} training documents kept a duplicate cluster (the "
+             f"largest: {h['largest_cluster']:,} copies); **{h['repeated_copies']:,} repeated copies** took their tokens "
+             f"from {h['tokens_once']:,} to {h['tokens_packed']:,} (+{h['tokens_added']:,}). Cluster sizes are counted "
+             "from exact and near dedup's removed rows (`duplicate_of`, followed to the document kept).", "",
+             "| cluster size | copies | documents | tokens once | tokens packed |", "|---|---:|---:|---:|---:|"]
+    for x in h["ranges"]:
+        lines.append(f"| {x['sizes']} | {x['copies']} | {x['documents']:,} | {x['tokens_once']:,} | {x['tokens_packed']:,} |")
+    return lines + [""]
+
+
 def _training(r: ReportInputs) -> list[str]:
     train = r.train
     if not train:
@@ -567,8 +611,8 @@ def _training(r: ReportInputs) -> list[str]:
 # run has nothing for it
 SECTIONS: tuple[Callable[[ReportInputs], list[str]], ...] = (
     _header, _sample, _documents, _stages, _removed, _filter_rules, _filter_overrides, _filter_by_lang, _filter_by_source, _quarantined,
-    _filtered_examples, _text_screening, _classifiers, _personal_data, _exact_duplicates, _near_duplicates, _decontamination, _tokenizer,
-    _tokens_packing_shards, _mixture, _composition, _training)
+    _filtered_examples, _text_screening, _classifiers, _personal_data, _exact_duplicates, _near_duplicates, _paragraph_duplicates, _decontamination, _tokenizer,
+    _tokens_packing_shards, _rehydration, _mixture, _composition, _training)
 
 
 def render_report(ledger: dict, stats: dict, extra: dict, seconds: dict, train: Optional[dict]) -> str:

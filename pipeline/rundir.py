@@ -25,6 +25,7 @@ STAGE_DIRS = {
     "reference_dedup": "02b-reference_dedup",
     "exact_dedup": "03-exact_dedup",
     "near_dedup": "04-near_dedup",
+    "paragraph_dedup": "04a-paragraph_dedup",
     "dedup_index": "04b-dedup_index",
     "decontaminate": "04c-decontaminate",
     "tokenize": "05-tokenize",

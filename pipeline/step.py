@@ -59,10 +59,12 @@ class Step:
 
     name: ClassVar[str]
     config_sections: ClassVar[tuple[str, ...]] = ()  # the sections hashed into this step's link
+    hash_ignores: ClassVar[tuple[tuple[str, str], ...]] = ()  # (section, key) of those a later step owns alone
     counts_documents: ClassVar[bool] = False  # True: docs_in == docs_out + removed, checked by the ledger
     counters: ClassVar[tuple[str, ...]] = ()  # keys its stats always hold (the ledger, report and service read them)
     outputs: ClassVar[dict[str, type]] = {}  # what later steps and the report may read, by name and type
     resumable: ClassVar[bool] = True  # False: no folder of its own, runs every time (the dedup export)
+    names_keepers: ClassVar[bool] = False  # True: its removed rows name a document of this run each duplicates
 
     def __init__(self, reads: Optional[str] = None):
         self.reads = reads  # the step whose parts this one reads (decided by the plan)
@@ -161,6 +163,11 @@ class StepContext:
 
     def parts(self, step: str) -> list[str]:
         return self.rundir.parts(step)
+
+    def keeper_rows(self) -> list[str]:
+        """The removed-row files of this plan's steps whose rows name, in `duplicate_of`, the document
+        of this run each removed one duplicates (exact and near dedup): the clusters rehydration counts."""
+        return [f for name, step in self._steps.items() if step.names_keepers for f in self.rundir.removed_files(name)]
 
     # ---- the cluster --------------------------------------------------------------------------
     def run(self, tasks: list, label: str) -> list:

@@ -166,3 +166,65 @@ def plan_mix(tokens: np.ndarray, doc_hash: np.ndarray, owner: np.ndarray, home: 
                "documents_left_out": int((copies == 0).sum()), "copies": int(copies.sum()),
                "repeated_copies": int(copies.sum() - (copies > 0).sum()), "weighted_total_tokens": round(t_w)}
     return copies, summary
+
+
+# ---- rehydration: upsampling by duplicate-cluster size ----------------------------------------------
+
+MAX_CHAIN = 64  # removals pointing at removed documents, followed to the keeper; deeper is a cycle
+
+
+def cluster_sizes(removed: np.ndarray, duplicate_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(keeper uids, sorted; their cluster sizes) from a run's removed duplicates: each removed uid
+    and the uid it duplicates. A removal may point at a document a later step removed (exact dedup's
+    copy of a document near dedup then merged), so each pointer is followed to the document that
+    stayed; its cluster is itself plus every removal that ends at it."""
+    removed = np.asarray(removed, np.int64)
+    target = np.asarray(duplicate_of, np.int64)
+    if not len(removed):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    order = np.argsort(removed, kind="stable")
+    keys, parent = removed[order], target[order]
+    for _ in range(MAX_CHAIN):
+        at = np.minimum(np.searchsorted(keys, target), len(keys) - 1)
+        again = keys[at] == target
+        if not again.any():
+            break
+        target = np.where(again, parent[at], target)
+    else:
+        raise ValueError(f"dedup's removed rows hold a chain of more than {MAX_CHAIN} duplicates of duplicates "
+                         "(a cycle): rerun dedup")
+    roots, counts = np.unique(target, return_counts=True)
+    return roots, counts + 1
+
+
+def rehydrate_copies(uids: np.ndarray, roots: np.ndarray, sizes: np.ndarray,
+                     weights: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(copies, cluster size) of each document `uids`: the weight whose [min_size, max_size] range
+    holds its cluster's size (`cluster_sizes`; 1 when it had no duplicate), 1 when none does."""
+    uids = np.asarray(uids, np.int64)
+    size = np.ones(len(uids), np.int64)
+    if len(roots):
+        at = np.minimum(np.searchsorted(roots, uids), len(roots) - 1)
+        hit = roots[at] == uids
+        size[hit] = sizes[at[hit]]
+    copies = np.ones(len(uids), np.int64)
+    for w in weights:
+        top = w["max_size"] if w.get("max_size") is not None else np.iinfo(np.int64).max
+        copies[(size >= w["min_size"]) & (size <= top)] = w["copies"]
+    return copies, size
+
+
+def rehydrate_summary(tokens: np.ndarray, size: np.ndarray, copies: np.ndarray, weights: list[dict]) -> dict:
+    """What rehydration did, per weight range and in all: documents, their tokens once, tokens packed."""
+    tokens = np.asarray(tokens, np.int64)
+    rows = []
+    for w in weights:
+        top = w["max_size"] if w.get("max_size") is not None else np.iinfo(np.int64).max
+        m = (size >= w["min_size"]) & (size <= top)
+        rows.append({"sizes": f"{w['min_size']}-{w['max_size']}" if w.get("max_size") is not None else f"{w['min_size']}+",
+                     "copies": int(w["copies"]), "documents": int(m.sum()), "tokens_once": int(tokens[m].sum()),
+                     "tokens_packed": int((tokens[m] * copies[m]).sum())})
+    once, packed = int(tokens.sum()), int((tokens * copies).sum())
+    return {"ranges": rows, "documents": int(len(tokens)), "documents_in_clusters": int((size > 1).sum()),
+            "largest_cluster": int(size.max()) if len(size) else 0, "tokens_once": once, "tokens_packed": packed,
+            "tokens_added": packed - once, "repeated_copies": int((copies - 1).sum())}

@@ -22,7 +22,7 @@ SAMPLE = ["Line one of a page.\nLine two, longer...\n\n- a bullet\n1. item\nWe u
 
 def precompile() -> float:
     """Compile (or load) every compiled loop of `stages`; returns the seconds it took."""
-    from . import boilerplate, exact_dedup, near_dedup, quality
+    from . import boilerplate, exact_dedup, near_dedup, paragraph_dedup, quality
     from .near_dedup import SignatureSpec
     from .shingles import ShingleSpec
     from .xxh3 import hash_ranges
@@ -33,6 +33,7 @@ def precompile() -> float:
     lines = boilerplate._split_lines(texts)
     boilerplate.strip_lines_array(texts, np.array(["s"] * len(SAMPLE), dtype=object), {"s": {int(lines.hashes[0])}}, {})
     exact_dedup.hash_texts(exact_dedup.fold_whitespace(texts))
+    paragraph_dedup.split(texts, 1)  # the folding and lowercasing pass, then the line scan
     near_dedup.exact_jaccard(texts, texts, ShingleSpec())
     hash_ranges(np.frombuffer(b"abcdef", np.uint8), np.array([0, 2], np.int64), np.array([2, 6], np.int64))
     uids = np.arange(len(SAMPLE), dtype=np.int64)

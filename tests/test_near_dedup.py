@@ -216,8 +216,10 @@ def test_dedup_job_removes_exactly_the_planted_near_duplicates(near_corpus, dask
     assert led["input"] == truth["n"] == led["kept"] + led["duplicates"] + led["quarantined"] and led["filtered"] == 0
     pairs = {tuple(sorted((r.id, r.duplicate_of))) for r in removed.itertuples()}
     assert pairs == {tuple(sorted(p)) for p in truth["planted"]}
-    assert set(removed["reason"]) == {"minhash"} and (removed["similarity"] >= 0.8).all()
-    assert set(removed.columns) >= {"uid", "id", "reason", "duplicate_of", "cluster_id", "cluster_size", "similarity"}
+    assert set(removed["reason"]) == {"minhash"} and (removed["similarity"] >= removed["threshold"]).all()
+    assert set(removed["threshold"]) == {0.8}  # the bar each removal passed, beside how near it is
+    assert set(removed.columns) >= {"uid", "id", "reason", "duplicate_of", "cluster_id", "cluster_size", "similarity",
+                                    "threshold"}
     kept = pq.read_table(str(tmp_path / "out" / "kept")).to_pandas()
     assert len(kept) == led["kept"] and set(kept.columns) == {"id", "text", "source", "date"}
 

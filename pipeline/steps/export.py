@@ -198,19 +198,20 @@ def _write_kept(table: pa.Table, path: str, out_dir: str, fmt: str, text_field: 
 
 
 REMOVED_EXPORT_COLUMNS = ["uid", "id", "source", "reason", "duplicate_of", "duplicate_of_uid", "cluster_id",
-                          "cluster_size", "similarity", "text"]
+                          "cluster_size", "similarity", "threshold", "text"]
 
 
 def export_removed_part(path: str, target: str, fmt: str = "parquet") -> int:
     """A removed-documents part as the dedup job presents it, in the job's format (`target` is
     written with the suffix .parquet or .jsonl): `duplicate_of` is the kept document's id, `text`
-    the removed document's text (or its excerpt). Returns the rows written."""
+    the removed document's text (or its excerpt), `similarity` its Jaccard (or SimHash) similarity to
+    that document and `threshold` the bar it passed (1.0: exact). Returns the rows written."""
     df = read_table(path).to_pandas()
     out = pd.DataFrame({
         "uid": df["uid"], "id": df["id"], "source": df["source"], "reason": df["reason"],
         "duplicate_of": df["duplicate_of_id"], "duplicate_of_uid": df["duplicate_of"],
         "cluster_id": df["cluster_id"], "cluster_size": df["cluster_size"], "similarity": df["score"],
-        "text": df["text"] if "text" in df else None,
+        "threshold": df["threshold"] if "threshold" in df else None, "text": df["text"] if "text" in df else None,
     })[REMOVED_EXPORT_COLUMNS]
     target_path = Path(target).with_suffix("." + fmt)
     if fmt == "jsonl":

@@ -98,6 +98,8 @@ class ShardStep(Step):
             extra["split"] = cfg.split.model_dump(mode="json")
         if cfg.mix.sources:
             extra["mix"] = cfg.mix.model_dump(mode="json")
+        if cfg.pack.rehydrate.enabled:
+            extra["rehydrate"] = cfg.pack.rehydrate.model_dump(mode="json")
         return [previous, extra]
 
     def summary(self, s: dict) -> str:
@@ -138,12 +140,14 @@ class ShardStep(Step):
             shutil.rmtree(staging, ignore_errors=True)  # half-written files are never resumed
             raise
         doc = self._publish(ctx, folder, staging, files, plan, labels, sc, pairs, mix,
-                            mixed=chosen is not None and chosen.mixed is not None)
+                            mixed=chosen is not None and (chosen.mixed is not None or chosen.rehydrated is not None))
         _add_set_stats(stats, plan, doc, files, mix)
         _add_megatron_stats(stats, pairs, sc.format == "megatron")
         if sc.format == "megatron" and chosen is not None:  # no pack step: the ledger reads the split and mixture here
             if chosen.mixed is not None:
                 stats["mix"] = chosen.mixed
+            if chosen.rehydrated is not None:
+                stats["rehydrate"] = chosen.rehydrated
             if chosen.held_out is not None:
                 stats["held_out"] = {"docs_in": len(chosen.held_out.length), "tokens_in": int(chosen.held_out.length.sum()),
                                      "windows": 0}

@@ -260,12 +260,14 @@ class PackStep(Step):
         """The corpus's documents in the seeded order, packed group by group (see the class). With
         `split.validation`, the held-out documents are packed apart into `validation/`."""
         parts = ctx.parts(self.reads)
-        if ctx.cfg.pack.mode == "concat" and not ctx.cfg.mix.sources:
+        if ctx.cfg.pack.mode == "concat" and not ctx.cfg.mix.sources and not ctx.cfg.pack.rehydrate.enabled:
             return self._pack_ranges(ctx, folder, parts, window, pad_id)
         chosen = select_documents(ctx, parts, "pack")
         stats = self._pack_order(ctx, folder, parts, chosen.order, chosen.pairs, window, pad_id, "pack")
         if chosen.mixed is not None:
             stats["mix"] = chosen.mixed
+        if chosen.rehydrated is not None:
+            stats["rehydrate"] = chosen.rehydrated
         if chosen.held_out is not None:
             val_order = chosen.held_out
             val_folder = folder / VALIDATION
@@ -403,6 +405,7 @@ class Selection:
     order: pack.DocumentOrder
     held_out: Optional[pack.DocumentOrder]  # None: no split.validation
     mixed: Optional[dict]  # what mix.sources asked for and delivered (None: no mixture)
+    rehydrated: Optional[dict] = None  # what pack.rehydrate added (None: not enabled)
 
 
 def select_documents(ctx: StepContext, parts: list[str], label: str) -> Selection:
@@ -421,13 +424,52 @@ def select_documents(ctx: StepContext, parts: list[str], label: str) -> Selectio
                                        [c[m] for c, m in zip(codes, masks)])
         index = [pack.subset(x, ~m) for x, m in zip(index, masks)]
         codes = [c[~m] for c, m in zip(codes, masks)]
+    rehydrated = None
+    if ctx.cfg.pack.rehydrate.enabled:  # before the mixture: its budgets are met from the upsampled pool
+        index, codes, rehydrated = _rehydrate(ctx, index, codes, label)
     mixed = None
     if ctx.cfg.mix.sources:
         index, codes, mixed = _mix(ctx, index, codes, pairs, label)
     order = pack.document_order(index, codes)
     if not len(order.length):
         raise PipelineError(f"{label}: no document is left for training after holding out split.validation {share}")
-    return Selection(pairs, order, held_out, mixed)
+    return Selection(pairs, order, held_out, mixed, rehydrated)
+
+
+def _rehydrate(ctx: StepContext, index: list[dict], codes: list[np.ndarray],
+               label: str) -> tuple[list[dict], list[np.ndarray], dict]:
+    """`pack.rehydrate:` each training document's copies by the size of the duplicate cluster it kept
+    (`mixing.cluster_sizes` over exact and near dedup's removed rows), and what that added."""
+    from corpusmill.stages.base import read_table
+
+    files = ctx.keeper_rows()
+    if files:
+        rows = read_table(files, columns=["uid", "duplicate_of"])
+        known = rows.column("duplicate_of").is_valid().to_numpy(zero_copy_only=False)
+        removed = rows.column("uid").to_numpy(zero_copy_only=False)[known]
+        target = rows.column("duplicate_of").to_numpy(zero_copy_only=False)[known].astype(np.int64)
+        del rows
+    else:
+        removed = target = np.empty(0, np.int64)
+    try:
+        roots, sizes = mixing.cluster_sizes(removed, target)
+    except ValueError as e:
+        raise PipelineError(f"{label}: rehydrate: {e}") from None
+    weights = [w.model_dump() for w in ctx.cfg.pack.rehydrate.weights]
+    out_index, out_codes, all_tokens, all_sizes, all_copies = [], [], [], [], []
+    for x, c in zip(index, codes):
+        copies, size = mixing.rehydrate_copies(x["uid"], roots, sizes, weights)
+        out_index.append(pack.with_copies(x, copies))
+        out_codes.append(np.repeat(c, copies))
+        all_tokens.append(x["n_tokens"])
+        all_sizes.append(size)
+        all_copies.append(copies)
+    cat = lambda xs: np.concatenate(xs) if xs else np.empty(0, np.int64)  # noqa: E731
+    summary = mixing.rehydrate_summary(cat(all_tokens), cat(all_sizes), cat(all_copies), weights)
+    ctx.log(f"  {label}: rehydrate: {summary['documents_in_clusters']:,} of {summary['documents']:,} documents kept a "
+            f"duplicate cluster (largest {summary['largest_cluster']:,}); {summary['repeated_copies']:,} repeated copies, "
+            f"{summary['tokens_once']:,} -> {summary['tokens_packed']:,} tokens")
+    return out_index, out_codes, summary
 
 
 def _mix(ctx: StepContext, index: list[dict], codes: list[np.ndarray], pairs: list,

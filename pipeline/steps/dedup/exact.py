@@ -28,6 +28,7 @@ ROW_BYTES = 256  # a hash row in the driver's frame, its id and source strings a
 class ExactDedupStep(removal.DedupStep):
     name = "exact_dedup"
     kind = "exact"
+    names_keepers = True  # its duplicate_of is a document of this run (reference dedup's is an earlier run's)
 
     def __init__(self, reads: str, normalize_opts: Optional[dict], defer_removal: bool = False):
         super().__init__(reads, normalize_opts)

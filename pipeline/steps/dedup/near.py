@@ -22,6 +22,7 @@ from .simhash_edges import simhash_edges
 class NearDedupStep(removal.DedupStep):
     name = "near_dedup"
     kind = "near"
+    names_keepers = True  # its duplicate_of is a document of this run (reference dedup's is an earlier run's)
     outputs = {"examples": list, "largest_clusters": list}
 
     def signature_spec(self, cfg: Config) -> near_dedup.SignatureSpec:

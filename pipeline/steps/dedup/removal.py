@@ -28,6 +28,7 @@ class DedupStep(DocumentStep):
 
     removes = DUPLICATES
     config_sections = ("dedup",)
+    hash_ignores = (("dedup", "paragraph"),)  # paragraph dedup's own settings: its step hashes them
     outputs = {"examples": list}
     kind: ClassVar[str]  # "exact" | "near": part of the link, so the two never share a hash
 
