@@ -517,7 +517,11 @@ def verify_shard_dir(shards_dir: str) -> tuple[list[str], dict]:
     layout = manifest.get("layout", "per_rank")
     files = [(e["path"], os.path.join(root, e["path"])) for e in manifest["files"]]
     size = sum(e["bytes"] for e in manifest["files"])
-    results = read_rows_isolated(files, window, ranks if layout == "global" else None, timeout=300 + size / (1 << 20))
+    eod, why = _eod_claim(manifest.get("eod_metadata"), vocab)
+    if why:
+        return [f"manifest.json: eod_metadata {why}"], totals
+    results = read_rows_isolated(files, window, ranks if layout == "global" else None, timeout=300 + size / (1 << 20),
+                                 eod=eod)
     per_rank: dict[int, int] = {}
     max_id = -1
     for entry in manifest["files"]:
@@ -533,6 +537,9 @@ def verify_shard_dir(shards_dir: str) -> tuple[list[str], dict]:
             problems.append(f"{rel}: sample contents differ from what was written")
         if top >= vocab or low < 0:
             problems.append(f"{rel}: token ids {low}..{top} are not all within the vocabulary (0..{vocab - 1})")
+        if got.get("eod_bad") and got["eod_bad"][0]:
+            problems.append(f"{rel}: actual_seq_len of {got['eod_bad'][0]:,} samples is not their ids' document ends "
+                            f"(first: sample {got['eod_bad'][1]}): attention would cross documents")
         max_id = max(max_id, top)
         if entry["rank"] is not None:
             per_rank[entry["rank"]] = per_rank.get(entry["rank"], 0) + count
@@ -551,6 +558,18 @@ def verify_shard_dir(shards_dir: str) -> tuple[list[str], dict]:
     totals.update(samples=sum(per_rank.values()), samples_per_rank=per_rank, max_token_id=max_id,
                   rows_checked=True)
     return problems, totals
+
+
+def _eod_claim(meta: Any, vocab: int) -> tuple[Optional[tuple[int, int]], Optional[str]]:
+    """(eos id, pad length) of a manifest's eod_metadata, or None when it has none; or why it is unusable."""
+    if meta is None:
+        return None, None
+    ok = isinstance(meta, dict) and all(isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool)
+                                        for k in ("eos_id", "eod_pad_length"))
+    if not ok or not 0 <= meta["eos_id"] < vocab or not 1 <= meta["eod_pad_length"] <= 1 << 16:
+        return None, ("must be {column: actual_seq_len, eos_id: an id of the vocabulary, eod_pad_length: 1..65536}, "
+                      f"not {str(meta)[:120]}")
+    return (meta["eos_id"], meta["eod_pad_length"]), None
 
 
 _ROW_MARK = "corpusmill-rows "
@@ -572,8 +591,8 @@ def _row_child() -> None:
     for rel, path in job["files"]:
         say({"start": rel})
         try:
-            count, digest, top, low = _read_all(path, job["window"])
-            say({"rel": rel, "count": count, "digest": digest, "top": top, "low": low})
+            count, digest, top, low, eod_bad = _read_all(path, job["window"], job.get("eod"))
+            say({"rel": rel, "count": count, "digest": digest, "top": top, "low": low, "eod_bad": eod_bad})
         except Exception as e:  # noqa: BLE001 - MindSpore's C++ reader raises RuntimeError with pages of text
             say({"rel": rel, "error": (str(e).splitlines() or [type(e).__name__])[0][:200]})
     if job.get("global_ranks"):
@@ -587,11 +606,12 @@ def _row_child() -> None:
 
 
 def read_rows_isolated(files: list[tuple[str, str]], window: int, global_ranks: Optional[int] = None,
-                       timeout: float = 600.0) -> dict[str, dict]:
+                       timeout: float = 600.0, eod: Optional[tuple[int, int]] = None) -> dict[str, dict]:
     """Read back every (name, path) through MindDataset in a child Python process (a fresh
     interpreter: a process that forks after MindSpore use can deadlock). A child that crashes
     (SIGSEGV, abort) or hangs is reported against the file it was reading, and a new child goes on
-    with the files after it. Returns name -> {count, digest, top, low} or {error}."""
+    with the files after it. With `eod` (eos id, pad length) each sample's actual_seq_len column is
+    checked against its ids. Returns name -> {count, digest, top, low, eod_bad} or {error}."""
     import json
     import signal
     import subprocess
@@ -601,7 +621,8 @@ def read_rows_isolated(files: list[tuple[str, str]], window: int, global_ranks: 
     results: dict[str, dict] = {}
     pending, want_split = list(files), global_ranks is not None
     while True:
-        job = {"files": [list(f) for f in pending], "window": window, "global_ranks": global_ranks if want_split else None}
+        job = {"files": [list(f) for f in pending], "window": window, "global_ranks": global_ranks if want_split else None,
+               "eod": list(eod) if eod is not None else None}
         try:
             proc = subprocess.run([sys.executable, "-c", _ROW_CHILD], input=json.dumps(job), capture_output=True,
                                   text=True, errors="replace", timeout=timeout, env=env)
@@ -644,18 +665,33 @@ def global_rank_sizes(files: list[str], ranks: int) -> dict[int, int]:
             .get_dataset_size() for r in range(ranks)}
 
 
-def _read_all(path: str, window: int) -> tuple[int, int, int, int]:
-    """(samples, content hash, largest id, smallest id) of one file, every sample read through
-    MindDataset; ShardError on a sample that is not `window` int32 ids."""
+def _read_all(path: str, window: int, eod: Optional[list[int]] = None) -> tuple[int, int, int, int, Optional[list[int]]]:
+    """(samples, content hash, largest id, smallest id, eod_bad) of one file, every sample read
+    through MindDataset; ShardError on a sample that is not `window` int32 ids. With `eod` (eos id,
+    pad length), eod_bad is [samples whose actual_seq_len is not their ids' document ends, the first
+    such sample] (the column is what mindformers masks attention by: a wrong one trains silently)."""
     import mindspore.dataset as ds
 
-    data = ds.MindDataset([path], columns_list=["input_ids"], shuffle=False, num_parallel_workers=1)
-    count, digest, top, low = 0, 0, -1, 0
-    for (batch,) in data.batch(1024).create_tuple_iterator(output_numpy=True, num_epochs=1):
+    columns = ["input_ids"] + ([ACTUAL_SEQ_LEN] if eod else [])
+    data = ds.MindDataset([path], columns_list=columns, shuffle=False, num_parallel_workers=1)
+    count, digest, top, low, bad, first = 0, 0, -1, 0, 0, -1
+    for row in data.batch(1024).create_tuple_iterator(output_numpy=True, num_epochs=1):
+        batch = row[0]
         if batch.ndim != 2 or batch.shape[1] != window or batch.dtype != np.int32:
             raise ShardError(f"samples of shape {batch.shape[1:]} {batch.dtype}, expected ({window},) int32")
+        if eod:
+            asl = row[1]
+            if asl.ndim != 2 or asl.shape[1] != eod[1] or asl.dtype != np.int32:
+                raise ShardError(f"actual_seq_len of shape {asl.shape[1:]} {asl.dtype}, expected ({eod[1]},) int32")
+            try:
+                wrong = (asl != actual_seq_len(batch, eod[0], eod[1])).any(axis=1)
+            except ShardError:  # more document ends than the pad length holds: no column could be right
+                wrong = np.ones(len(batch), bool)
+            if wrong.any() and first < 0:
+                first = count + int(np.argmax(wrong))
+            bad += int(wrong.sum())
         count += len(batch)
         digest = (digest + sum(_row_digest(r) for r in batch)) % (1 << 64)
         top = max(top, int(batch.max()))
         low = min(low, int(batch.min()))
-    return count, digest, top, low
+    return count, digest, top, low, ([bad, first] if eod else None)

@@ -153,6 +153,44 @@ def test_stock_megatron_loader_turns_the_compressed_mask_on_at_the_pairs_documen
     assert starts_seen > 0
 
 
+def test_verify_reads_every_actual_seq_len_against_its_ids(run, tmp_path):
+    """A shard whose bytes match its manifest but whose compressed mask is wrong (a hand-written set,
+    a buggy writer) would train with attention across documents: verify recomputes every sample's."""
+    import shutil
+
+    import mindspore.dataset as ds
+    from mindspore.mindrecord import FileWriter
+
+    from corpusmill.stages.base import file_sha256
+    from corpusmill.stages.shard import verify_shard_dir
+
+    shards = tmp_path / "shards"
+    shutil.copytree(run["shards"], shards)
+    manifest = json.loads((shards / "manifest.json").read_text())
+    entry = manifest["files"][0]
+    path = str(shards / entry["path"])
+    rows = [(ids, asl) for ids, asl in ds.MindDataset([path], columns_list=["input_ids", "actual_seq_len"],
+                                                        shuffle=False).create_tuple_iterator(output_numpy=True, num_epochs=1)]
+    seq = manifest["seq_length"]
+    wrong = next(i for i, (_, asl) in enumerate(rows) if asl[0] < seq)  # a sample holding several documents
+    writer = FileWriter(path, shard_num=1, overwrite=True)
+    writer.add_schema({"input_ids": {"type": "int32", "shape": [-1]}, "actual_seq_len": {"type": "int32", "shape": [-1]}},
+                      "corpusmill")
+    writer.write_raw_data([{"input_ids": ids, "actual_seq_len": np.full_like(asl, seq) if i == wrong else asl}
+                           for i, (ids, asl) in enumerate(rows)])  # one document ever: the mask of plain causal LM
+    writer.commit()
+    entry.update(bytes=os.path.getsize(path) + os.path.getsize(path + ".db"), sha256=file_sha256(path),
+                 db_sha256=file_sha256(path + ".db"))
+    (shards / "manifest.json").write_text(json.dumps(manifest))
+    problems, _ = verify_shard_dir(str(shards))
+    assert problems == [f"{entry['path']}: actual_seq_len of 1 samples is not their ids' document ends (first: sample "
+                        f"{wrong}): attention would cross documents"]
+    manifest["eod_metadata"]["eod_pad_length"] = "16"
+    (shards / "manifest.json").write_text(json.dumps(manifest))
+    problems, _ = verify_shard_dir(str(shards))
+    assert len(problems) == 1 and problems[0].startswith("manifest.json: eod_metadata must be")
+
+
 def test_too_many_document_ends_for_the_pad_length_are_refused():
     from corpusmill.stages.shard import ShardError, actual_seq_len
 
