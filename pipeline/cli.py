@@ -206,16 +206,16 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                          description="An authenticated HTTP API (OpenAPI at /openapi.json) that runs run, dedup and "
                          "train jobs on a shared Dask cluster. The bearer token comes from $CORPUSMILL_TOKEN or "
                          "--token-file, never from the command line; on a loopback address without one, a token is "
-                         "generated into STATE/token. Jobs may only use paths inside the --data-root folders. Job "
+                         "generated into STATE/token. Jobs may only use paths and URLs inside the --data-root folders and prefixes. Job "
                          "state lives in STATE/jobs.db: jobs running when the service stops are resumed when it starts.")
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
                      "address needs a token)")
     srv.add_argument("--port", type=int, default=8787, help="port (default 8787)")
     srv.add_argument("--state", default=".corpusmill-service", help="state folder: jobs.db, job logs and configs "
                      "(default ./.corpusmill-service)")
-    srv.add_argument("--data-root", action="append", default=[], metavar="DIR",
-                     help="a folder jobs may read and write (repeatable; default the current folder); relative job "
-                     "paths are taken from the first")
+    srv.add_argument("--data-root", action="append", default=[], metavar="DIR|URL",
+                     help="a folder, or an object-storage prefix (s3://bucket/prefix), jobs may read and write "
+                     "(repeatable; default the current folder); relative job paths are taken from the first folder")
     srv.add_argument("--scheduler", metavar="ADDRESS", help="run jobs on this Dask scheduler (tcp://HOST:8786) "
                      "instead of a LocalCluster the service starts")
     srv.add_argument("--workers", type=int, help="LocalCluster worker processes (default: the CPU count)")
@@ -808,6 +808,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     except _loaded(_FLAG_ERRORS) as e:  # a command-line value out of range (config files are checked by load_config)
         print(f"corpusmill: error: {_flag_error(e)}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:  # an optional extra this command needs is not installed
+        from .extras import missing_hint
+
+        why = missing_hint(e)
+        if why is None:
+            raise
+        print(f"corpusmill: error: {why}", file=sys.stderr)
         return 2
     except OSError as e:  # outside a run's stages (those name the stage themselves)
         where = f": {e.filename}" if e.filename else ""

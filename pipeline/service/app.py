@@ -2,8 +2,9 @@
 
 Requests are checked before anything is queued — the body's size as it arrives (413, chunked or
 not), the config by the same models as a YAML file (422 naming the key: unknown keys, values out of
-their bounds, text that is not valid Unicode), every path against the data roots (403) and the
-file system's NAME_MAX / PATH_MAX (422), the run directory for symlinks (422), the queue bound (429) — so a job that is accepted can only fail for
+their bounds, text that is not valid Unicode), every path and object-storage URL against the data
+roots (403), a URL that is not plain (credentials, a query, `..`: 422), the file system's NAME_MAX /
+PATH_MAX (422), the run directory for symlinks (422), the queue bound (429) — so a job that is accepted can only fail for
 reasons found while running it. Files under a run directory are served without following links.
 """
 from __future__ import annotations
@@ -23,9 +24,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from corpusmill.stages import storage
+
 from .. import __version__
 from ..config import ConfigError, escape_text, parse_config
-from .guard import DataRoots, InputError, PathRefused, PathTooLong, UnsafeFolder, check_no_links
+from .guard import DataRoots, InputError, PathRefused, PathTooLong, UnsafeFolder, UrlRefused, check_no_links
 from .page import add_page_routes
 from .safefs import LinkRefused, read_bytes, read_range
 from .session import COOKIE, CSRF_HEADER, Sessions
@@ -65,12 +68,16 @@ class JobRequest(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict, description="The same fields as the YAML config "
                                    "(`corpusmill config example`); relative paths are taken from the first data root.")
     out: Optional[str] = Field(None, description="Run directory (train: its output folder), inside a data root; "
-                               "default DATA_ROOT/jobs/ID.")
+                               "or, for run and dedup jobs, an object-storage URL inside a URL data root "
+                               "(s3://bucket/prefix/job) the results are published to at the end, as `corpusmill run "
+                               "--out URL` does. Default FIRST_DATA_ROOT/jobs/ID.")
+    work: Optional[str] = Field(None, description="With a URL `out` only: the local run directory (inside a folder "
+                                "data root), as the CLI's --work; default STATE/work/ a folder named after the URL.")
     shards: Optional[str] = Field(None, description="train jobs: the shards/ folder (with manifest.json) to train on.")
     resume: bool = Field(False, description="Reuse finished stages (train: the newest checkpoint) already in `out`.")
     format: Literal["parquet", "jsonl"] = Field("parquet", description="dedup jobs: the format of OUT/kept/.")
 
-    @field_validator("out", "shards")
+    @field_validator("out", "shards", "work")
     @classmethod
     def _valid_unicode(cls, v: Optional[str]) -> Optional[str]:
         if v is not None:
@@ -89,7 +96,8 @@ class ErrorBody(BaseModel):
 class JobCreated(BaseModel):
     id: str
     state: str
-    out: str
+    out: str = Field(description="The run directory, or the object-storage URL the results are published to.")
+    work: Optional[str] = Field(None, description="A URL out's local run directory.")
     notes: list[str] = Field(default_factory=list, description="Config keys migrated from an older config_version.")
 
 
@@ -125,7 +133,9 @@ class JobStatus(BaseModel):
     cancel_requested: bool
     exit_code: Optional[int] = None
     error: Optional[str] = None
-    out: str
+    out: str = Field(description="The run directory, or the object-storage URL the results are published to.")
+    work: Optional[str] = Field(None, description="A URL out's local run directory (status, report and log are read "
+                                "from it).")
     dashboard: Optional[str] = Field(None, description="The Dask dashboard of the cluster the job runs on.")
     stage: Optional[str] = Field(None, description="The stage running now.")
     stages: list[StageStatus]
@@ -250,28 +260,53 @@ def prepare_job(req: JobRequest, roots: DataRoots, job_id: str) -> tuple[dict, l
                 raise _error(422, f"shards: {req.shards} holds no manifest.json", ["shards"])
         elif req.shards:
             raise _error(422, "`shards` is for train jobs only", ["shards"])
-        out = roots.out_dir("out", req.out, os.path.join(roots.roots[0], "jobs", job_id))
+        named = req.out or roots.default_out(job_id, local=req.kind == "train")
+        url = roots.out_url("out", named) if storage.is_url(named) else None
+        if url and req.kind == "train":
+            raise _error(422, "out: a train job writes to a local folder; name one inside a folder data root", ["out"])
+        if req.work and not url:
+            raise _error(422, "work: is for an object-storage out (as the CLI's --work); with a local out the run "
+                         "directory is out", ["work"])
+        out = roots.work_dir("work", req.work, url) if url else roots.out_dir("out", named, named)
     except PathRefused as e:
         raise _error(403, str(e), [e.key]) from None
-    except PathTooLong as e:
+    except (PathTooLong, UrlRefused) as e:
         raise _error(422, str(e), [e.key]) from None
     except InputError as e:
         raise _error(422, f"config.input.paths: {e}", ["config.input.paths"]) from None
     try:
         if shards:
             check_no_links("shards", shards)
-        check_no_links("out", out)
+        check_no_links("work" if url else "out", out)
     except UnsafeFolder as e:
         raise _error(422, str(e), [e.key]) from None
+    if url:
+        _check_published(url, req.resume)
     if shards and (out == shards or out.startswith(shards + os.sep)):
         raise _error(409, "out: the training output must not be inside the shards folder", ["out"])
+    where = "work" if url else "out"
     if os.path.isdir(out) and any(os.scandir(out)) and not req.resume:
-        raise _error(409, f"out: {out} already holds files; set resume: true to continue it, or choose another out", ["out"])
+        raise _error(409, f"{where}: {out} already holds files; set resume: true to continue it, or choose another "
+                     f"{'out' if url else where}", [where])
     if os.path.exists(out) and not os.path.isdir(out):
-        raise _error(409, f"out: {out} is a file", ["out"])
-    request = {"kind": req.kind, "config": config, "out": out, "shards": shards, "resume": req.resume,
-               "format": req.format}
+        raise _error(409, f"{where}: {out} is a file", [where])
+    # a URL out: `out` is the URL (what the job publishes to), `work` its local run directory
+    request = {"kind": req.kind, "config": config, "out": url or out, "work": out if url else None, "shards": shards,
+               "resume": req.resume, "format": req.format}
     return request, list(cfg.migration_notes)
+
+
+def _check_published(url: str, resume: bool) -> None:
+    """A URL out as a local one: 422 when the store cannot be used (no such bucket, access denied; one
+    line without endpoint or credential), 409 when the prefix already holds objects and the job is no
+    resume (the next publish would replace them)."""
+    try:
+        held = storage.listing(url)
+    except storage.StorageError as e:
+        raise _error(422, f"out: {e}", ["out"]) from None
+    if held and not resume:
+        raise _error(409, f"out: {url} already holds {len(held)} object(s); set resume: true to continue that run, "
+                     "or choose another out", ["out"])
 
 
 # ---- the app ---------------------------------------------------------------------------
@@ -379,13 +414,14 @@ def _add_job_routes(app: FastAPI, ctx: ServiceContext, authorized: Callable) -> 
 
         job_id = uuid.uuid4().hex[:16]
         request, notes = prepare_job(req, ctx.roots, job_id)
+        run_dir = request["work"] or request["out"]
         try:
-            added = ctx.store.add(req.kind, request, request["out"], ctx.max_queued, job_id=job_id)
+            added = ctx.store.add(req.kind, request, run_dir, ctx.max_queued, job_id=job_id, named=request["out"])
         except OutInUse as e:
-            raise _error(409, f"out: job {e.job_id} is already writing to {request['out']}", ["out"]) from None
+            raise _error(409, f"out: job {e.job_id} is already writing to {e.where}", ["out"]) from None
         if not added:
             raise _error(429, f"the queue is full ({ctx.max_queued} jobs waiting); retry later")
-        return {"id": job_id, "state": "queued", "out": request["out"], "notes": notes}
+        return {"id": job_id, "state": "queued", "out": request["out"], "work": request["work"], "notes": notes}
 
     @app.get("/v1/jobs", response_model=JobList, tags=["jobs"], dependencies=[Depends(authorized)], responses=ERRORS)
     def list_jobs(state: Optional[Literal["queued", "running", "succeeded", "failed", "cancelled"]] = None,

@@ -42,6 +42,7 @@ LABELS: dict[str, dict[str, str]] = {
                       "on a loopback address). It is kept in no script: the page gets an HttpOnly session cookie.",
         "id": "ID", "kind": "Kind", "state": "State", "stage": "Stage", "progress": "Progress", "eta": "ETA",
         "elapsed": "Elapsed", "created": "Submitted", "started": "Started", "finished": "Finished", "out": "Run directory",
+        "published": "Published to",
         "attempts": "Attempts", "restarts": "Restarts", "exit_code": "Exit code", "error": "Error",
         "stages": "Stages", "seconds": "Seconds", "docs_in": "Docs in", "docs_out": "Docs out", "removed": "Removed",
         "ledger": "Ledger", "ledger_partial": "Ledger so far (finished stages)", "input": "Input", "kept": "Kept",
@@ -64,6 +65,7 @@ LABELS: dict[str, dict[str, str]] = {
                       "令牌不保存在任何脚本中：页面只获得一个 HttpOnly 会话 Cookie。",
         "id": "编号", "kind": "类型", "state": "状态", "stage": "阶段", "progress": "进度", "eta": "预计剩余",
         "elapsed": "已用时间", "created": "提交时间", "started": "开始时间", "finished": "结束时间", "out": "运行目录",
+        "published": "发布到",
         "attempts": "尝试次数", "restarts": "重启次数", "exit_code": "退出码", "error": "错误",
         "stages": "各阶段", "seconds": "秒", "docs_in": "输入文档", "docs_out": "输出文档", "removed": "移除",
         "ledger": "文档账目", "ledger_partial": "目前的账目（已完成的阶段）", "input": "输入", "kept": "保留",
@@ -242,7 +244,8 @@ JS_BODY = r"""
     add(L.finished, when(job.finished_utc));
     add(L.attempts, String(job.attempts) + (job.restarts ? " (" + L.restarts + " " + job.restarts + ")" : ""));
     if (job.exit_code !== null) add(L.exit_code, String(job.exit_code));
-    add(L.out, job.out);
+    if (job.work) add(L.published, job.out);  // a URL out: the run directory is the local work folder
+    add(L.out, job.work || job.out);
     if (job.dashboard && /^https?:\/\//.test(job.dashboard)) add(L.dashboard, link(job.dashboard, job.dashboard));
     return dl;
   }

@@ -111,6 +111,19 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _check_url_roots(roots) -> None:
+    """A URL data root needs its fsspec filesystem package (s3fs for s3://): said at start, not by
+    the first job. Nothing is sent to the store here (its endpoint and credentials are the
+    environment's, read when a job lists or writes objects)."""
+    from corpusmill.stages import storage
+
+    for root in roots.urls:
+        try:
+            storage.filesystem(root.url)
+        except storage.StorageError as e:
+            raise ServiceError(f"--data-root {e}") from None
+
+
 def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, scheduler: Optional[str] = None,
           token_file: Optional[str] = None, max_concurrent: int = 1, max_queued: int = 100,
           n_workers: Optional[int] = None, dashboard_address: str = DEFAULT_DASHBOARD,
@@ -133,9 +146,10 @@ def serve(host: str, port: int, state_dir: str, data_roots: list[str], *, schedu
     token = load_token(token_file, host, state, log)
     forbidden = [str(state)] + ([str(Path(token_file).resolve())] if token_file else [])
     try:
-        roots = DataRoots(data_roots or [os.getcwd()], forbidden=forbidden)
+        roots = DataRoots(data_roots or [os.getcwd()], forbidden=forbidden, work_area=str(state / "work"))
     except ValueError as e:
         raise ServiceError(str(e)) from None
+    _check_url_roots(roots)
     if max_concurrent < 1 or max_queued < 1:
         raise ServiceError("--max-concurrent and --max-queued must be at least 1")
     store = JobStore(state)

@@ -150,7 +150,9 @@ def job_view(row: dict, dashboard: Optional[str], rates: Optional[StepRates] = N
     request = row["request"]
     view: dict[str, Any] = {k: row[k] for k in ("id", "kind", "state", "created_utc", "started_utc", "finished_utc",
                                                   "attempts", "restarts", "cancel_requested", "exit_code", "error")}
-    view.update(out=str(out), dashboard=dashboard, stage=None, stages=[], ledger=None, train=None)
+    # a URL out: `out` is the URL the results are published to, `work` the run directory read here
+    view.update(out=str(request.get("out") or out), work=request.get("work"), dashboard=dashboard, stage=None, stages=[],
+                ledger=None, train=None)
     planned_steps = (request.get("config") or {}).get("train", {}).get("steps")
     if row["kind"] in ("run", "dedup"):
         progress = _read_json(out / PROGRESS_FILE)

@@ -43,11 +43,11 @@ CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 
 
 class OutInUse(Exception):
-    """Another active job writes to the same run directory."""
+    """Another active job writes to the same run directory, or publishes to the same URL."""
 
-    def __init__(self, job_id: str):
+    def __init__(self, job_id: str, where: str = ""):
         super().__init__(job_id)
-        self.job_id = job_id
+        self.job_id, self.where = job_id, where
 
 
 class JobStore:
@@ -78,17 +78,22 @@ class JobStore:
         d["resume_next"] = bool(d["resume_next"])
         return d
 
-    def add(self, kind: str, request: dict, out: str, max_queued: int, job_id: Optional[str] = None) -> Optional[str]:
+    def add(self, kind: str, request: dict, out: str, max_queued: int, job_id: Optional[str] = None,
+            named: Optional[str] = None) -> Optional[str]:
         """Queue a job; None when `max_queued` jobs are already waiting (the queue is bounded), OutInUse
-        when a queued or running job writes to `out` (checked in the same transaction as the insert)."""
+        when a queued or running job writes to the run directory `out`, or to what the request
+        names as its out (`named`: the URL a job publishes to), checked in the same transaction as
+        the insert."""
         job_id = job_id or uuid.uuid4().hex[:16]
+        named = named or out
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                other = self._db.execute("SELECT id FROM jobs WHERE out = ? AND state IN ('queued', 'running')",
-                                         (out,)).fetchone()
+                other = self._db.execute(
+                    "SELECT id, out, json_extract(request, '$.out') FROM jobs WHERE state IN ('queued', 'running') AND "
+                    "(out IN (?, ?) OR json_extract(request, '$.out') IN (?, ?))", (out, named, out, named)).fetchone()
                 if other:
-                    raise OutInUse(other[0])
+                    raise OutInUse(other[0], named if named in (other[1], other[2]) else out)
                 queued = self._db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued'").fetchone()[0]
                 if queued >= max_queued:
                     self._db.execute("ROLLBACK")

@@ -21,7 +21,7 @@ import yaml
 
 from ..progress import utc_now
 from corpusmill.stages.base import write_text_atomic
-from .guard import DataRoots, InputError, PathRefused, PathTooLong, UnsafeFolder
+from .guard import DataRoots, InputError, PathRefused, PathTooLong, UnsafeFolder, UrlRefused
 from .status import LOG_NAME, error_from_log, job_counters, train_dir
 from .store import JobStore
 
@@ -115,10 +115,12 @@ class Supervisor:
         config_path = folder / "config.yaml"
         write_text_atomic(config_path, yaml.safe_dump(req["config"], sort_keys=False, allow_unicode=True))
         kind, out = row["kind"], row["out"]
+        # a URL out: published there at the end, run in its local run directory (the CLI's --work)
+        where = ["--out", req["out"], "--work", req["work"]] if req.get("work") else ["--out", out]
         if kind == "run":
-            args = ["run", str(config_path), "--out", out, "--scheduler", self.scheduler]
+            args = ["run", str(config_path), *where, "--scheduler", self.scheduler]
         elif kind == "dedup":
-            args = ["dedup", *req["config"]["input"]["paths"], "--config", str(config_path), "--out", out,
+            args = ["dedup", *req["config"]["input"]["paths"], "--config", str(config_path), *where,
                     "--scheduler", self.scheduler, "--format", req.get("format", "parquet")]
         else:
             args = ["train", "--shards", req["shards"], "--config", str(config_path), "--out", out]
@@ -139,7 +141,7 @@ class Supervisor:
         if self.roots is not None:
             try:
                 self.roots.recheck(row["request"])
-            except (PathRefused, PathTooLong, InputError, UnsafeFolder) as e:
+            except (PathRefused, PathTooLong, InputError, UnsafeFolder, UrlRefused) as e:
                 self.store.update(job_id, state="failed", finished_utc=utc_now(),
                                   error=f"refused at start (paths changed since the job was accepted): {e}")
                 return
