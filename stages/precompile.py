@@ -22,13 +22,14 @@ SAMPLE = ["Line one of a page.\nLine two, longer...\n\n- a bullet\n1. item\nWe u
 
 def precompile() -> float:
     """Compile (or load) every compiled loop of `stages`; returns the seconds it took."""
-    from . import boilerplate, exact_dedup, near_dedup, paragraph_dedup, quality
+    from . import boilerplate, exact_dedup, near_dedup, normalize, paragraph_dedup, quality
     from .near_dedup import SignatureSpec
     from .shingles import ShingleSpec
     from .xxh3 import hash_ranges
 
     started = time.perf_counter()
     texts = pa.array(SAMPLE, pa.string())
+    normalize.normalize_array(texts)  # the NFKC check and the one escape, control and whitespace pass
     quality.score_texts(texts)  # the one pass per character, segments, boilerplate-phrase lines, n-gram repetition
     lines = boilerplate._split_lines(texts)
     boilerplate.strip_lines_array(texts, np.array(["s"] * len(SAMPLE), dtype=object), {"s": {int(lines.hashes[0])}}, {})

@@ -40,8 +40,11 @@ def test_normalize_nfkc_controls_whitespace_entities():
 
 
 @pytest.mark.parametrize("protect", [True, False])
-def test_nfkc_leaves_ascii_texts_out_with_the_same_result_as_normalising_all(protect):
-    """NFKC runs only on the texts that are not pure ASCII: the result must equal the passes over every text."""
+def test_nfkc_leaves_stable_texts_out_with_the_same_result_as_normalising_all(protect):
+    """NFKC runs only on the texts holding a character it may change: the result must equal the passes
+    over every text, for characters that compose with the one before (combining marks, the second
+    halves of canonical pairs of class 0 such as Oriya's and Tamil's vowel signs, Hangul jamo),
+    compatibility forms and the protected punctuation."""
     import random
 
     import pyarrow.compute as pc
@@ -49,8 +52,10 @@ def test_nfkc_leaves_ascii_texts_out_with_the_same_result_as_normalising_all(pro
     from corpusmill.stages.normalize import _PROTECT, _nfkc
 
     rng = random.Random(3)
-    alphabet = "aZ 1!~，！（）：；？～\uff21\uff41\u3000\U000F0000\U000F0003\u00e9e\u0301\ufb01中文。\n"
-    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 10))) for _ in range(3000)] + [None, "plain ascii"]
+    alphabet = ("aZ 1!~，！（）：；？～\uff21\uff41\u3000\U000F0000\U000F0003\u00e9e\u0301\ufb01中文。\n"
+                "\u0b47\u0b3e\u0b57\u0bc6\u0bbe\u1100\u1161\u11a8\uac00\u0915\u093c\u212b\u0345\uff76\uff9e\u337f"
+                "\u0f71\u0f72\u0fb5\u0308\u0327\u2460\U0001d400\u1b05\u1b35")
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 10))) for _ in range(20000)] + [None, "plain ascii"]
     arr = pa.array(texts, pa.string())
     ref = arr
     for ch, stand_in in _PROTECT if protect else []:
@@ -59,6 +64,28 @@ def test_nfkc_leaves_ascii_texts_out_with_the_same_result_as_normalising_all(pro
     for ch, stand_in in _PROTECT if protect else []:
         ref = pc.replace_substring(ref, stand_in, ch)
     assert _nfkc(arr, protect).to_pylist() == ref.to_pylist()
+
+
+def test_one_pass_clean_and_fold_equals_the_regex_passes():
+    """The compiled escape, control and whitespace pass against its definition (six RE2 passes), on
+    texts made of what each pass treats specially: escapes whole and broken, C0/C1 controls, format
+    characters, every horizontal space, runs of spaces and line breaks, what trimming takes."""
+    import random
+
+    from corpusmill.stages.normalize import clean_and_fold, clean_and_fold_regex
+
+    rng = random.Random(5)
+    alphabet = [" ", "  ", "\n", "\n\n\n", "\t", "\xa0", "\u1680", "\u2003", "\u3000", "\u2028", "\u2029", "\x1b[0m",
+                "\x1b[", "\x1b", "[1;31m", "\x1b[?25h", "\x1b[12", "\x07", "\x0b", "\x0c", "\r", "\x85", "\x9f", "\x7f",
+                "\x00", "\u200b", "\ufeff", "\u00ad", "\u180e", "\u2060", "a", "中", "é", "\U0001d538", "x"]
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 30))) for _ in range(30000)]
+    arr = pa.array(texts, pa.string())
+    for strip, fold in ((True, True), (True, False), (False, True)):
+        assert clean_and_fold(arr, strip, fold).to_pylist() == clean_and_fold_regex(arr, strip, fold).to_pylist()
+    sliced = arr.slice(7, 500)  # an array that does not start at its buffer's start
+    assert clean_and_fold(sliced).to_pylist() == clean_and_fold_regex(sliced, True, True).to_pylist()
+    with_null = pa.array(["a  b", None, "\x1b[0mc"], pa.string())
+    assert clean_and_fold(with_null).to_pylist() == ["a b", None, "c"]
 
 
 def test_nfkc_composes_what_it_normalises():
