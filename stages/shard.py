@@ -398,7 +398,7 @@ def count_samples(path: str) -> int:
 
 def read_back(path: str, window: int) -> tuple[int, int]:
     """Count and hash every sample of one MindRecord file through `MindDataset`."""
-    count, digest, _, _ = _read_all(path, window)
+    count, digest = _read_all(path, window)[:2]
     return count, digest
 
 
