@@ -57,8 +57,10 @@ def test_the_blocker_really_hides_the_extras(core_only):
 
 def test_dedup_and_run_to_shards_need_no_extra(core_only):
     root, env = core_only
-    cluster = {"n_workers": 1}
-    dedup = _cli(env, "dedup", str(root / "corpus"), "--out", str(root / "dedup"), cwd=root)
+    cluster = {"n_workers": 1}  # one worker process starts sooner; the blocker is in it all the same
+    (root / "dedup.yaml").write_text(yaml.safe_dump({"cluster": cluster}))
+    dedup = _cli(env, "dedup", str(root / "corpus"), "--out", str(root / "dedup"), "--config", str(root / "dedup.yaml"),
+                 cwd=root)
     assert dedup.returncode == 0, dedup.stderr[-2000:]
     ledger = json.loads((root / "dedup" / "ledger.json").read_text())
     assert ledger["input"] == ledger["kept"] + ledger["duplicates"] + ledger["quarantined"] and ledger["duplicates"] > 0
