@@ -54,6 +54,7 @@ def demo_run(tmp_path_factory):
     return out, proc.stdout
 
 
+@pytest.mark.slow
 def test_demo_runs_everything_and_prints_a_summary(demo_run):
     out, stdout = demo_run
     for rel in ("ledger.json", "report.md", "shards/manifest.json", "train/metrics.jsonl", "train/summary.json", "config.yaml"):
@@ -115,6 +116,7 @@ def test_tokenizer_train_command(tmp_path):
     assert bad.returncode == 2 and "raise tokenizer.train.vocab_size" in bad.stderr, bad.stderr[-1000:]
 
 
+@pytest.mark.slow
 def test_demo_resume_reuses_the_corpus_and_skips_finished_stages(demo_run):
     out, _ = demo_run
     before = json.loads((out / "shards" / "manifest.json").read_text())
@@ -133,6 +135,7 @@ def _uids(run_dir):
                   for u in pq.read_table(p, columns=["uid"]).column("uid").to_pylist())
 
 
+@pytest.mark.slow
 def test_sampled_run_projects_the_full_run(demo_run, tmp_path):
     out, _ = demo_run
     full = json.loads((out / "ledger.json").read_text())

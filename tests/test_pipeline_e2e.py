@@ -227,6 +227,7 @@ def build_with_stock_mindformers(site: Path, yaml_file: Path, cwd: Path) -> dict
     return json.loads(out[-1][4:])
 
 
+@pytest.mark.slow
 def test_generated_mindformers_yaml_builds_in_stock_mindformers_with_eod_reset(run, mindformers_site, tmp_path):
     """The file as written, pasted into mindformers 1.9.0: CausalLanguageModelDataset builds from it
     (no `output_columns` TypeError), yields every sample once with positions reset after each EOS."""
@@ -346,6 +347,7 @@ def test_resume_skips_finished_stages_and_reruns_changed_ones(run, dask_client):
     assert json.loads((run["out"] / "shards" / "manifest.json").read_text())["sample_length"] == 17
 
 
+@pytest.mark.slow
 def test_training_on_shards_lowers_the_loss(tmp_path, dask_client):
     from corpusmill.trainer.train import train
 
@@ -379,6 +381,7 @@ def test_trainer_refuses_mismatched_shards(run):
         train(shards, str(run["root"] / "t3"), TrainConfig(steps=1, rank=5), log=lambda m: None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["best_fit", "pad"])
 def test_padded_pack_modes_write_masked_labels_and_their_snippet_builds_in_stock_mindformers(
         run, dask_client, tmp_path, mindformers_site, mode):

@@ -207,6 +207,7 @@ def small_filesystem(tmp_path):
         subprocess.run(["umount", "-l", str(point)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_full_disk_in_tokenize_and_in_shard_is_one_line_with_stage_path_and_free_space(tmp_path, dask_client,
                                                                                       small_filesystem):
     if os.geteuid() != 0:

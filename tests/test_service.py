@@ -306,6 +306,7 @@ def test_bad_requests_get_422_naming_the_key(server, data_root, reference_job):
         assert c.post(f"/v1/jobs/{reference_job['id']}/cancel").status_code == 409
 
 
+@pytest.mark.slow
 def test_cancel_a_running_and_a_queued_job(server, data_root, reference_job, tmp_path_factory):
     cfg = service_config(data_root / "corpus", train={"enabled": True, "steps": 5000})
     with server.client() as c:
@@ -354,6 +355,7 @@ def test_cancel_a_running_and_a_queued_job(server, data_root, reference_job, tmp
     assert float(cancelled[0].split()[1]) >= 2
 
 
+@pytest.mark.slow
 def test_service_killed_mid_job_resumes_it_to_the_same_shards(data_root, reference_job, tmp_path):
     state = tmp_path / "state"
     srv = Server(state, [data_root]).start()
@@ -392,6 +394,7 @@ def _proc_state(pid: int) -> str:
         return "zombie"
 
 
+@pytest.mark.slow
 def test_jobs_run_on_a_real_dask_scheduler_and_workers(data_root, reference_job, tmp_path):
     """`dask scheduler` + two `dask worker` processes on loopback: the same shards and ledger as a LocalCluster run."""
     port = free_port()
@@ -524,6 +527,7 @@ def test_data_roots_resolve_symlinks_dotdot_and_keep_the_state_folder_out(tmp_pa
         roots.out_dir("out", str(root), "unused")
 
 
+@pytest.mark.slow
 def test_dedup_and_train_jobs(server, data_root, reference_job):
     """The other two kinds: a batch dedup job (kept/ and removed/ as the CLI writes them) and a train job on shards."""
     with server.client() as c:

@@ -26,6 +26,7 @@ def _losses(out):
     return [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_interrupted_and_resumed_run_has_the_losses_of_an_uninterrupted_one(shards, tmp_path, precision):
     from corpusmill.trainer.train import train
@@ -123,6 +124,7 @@ def test_lr_find_suggests_a_rate_below_where_the_loss_blows_up_at_which_training
     assert run["loss_end_mean"] < run["loss_start_mean"] - 0.5, run
 
 
+@pytest.mark.slow
 def test_two_rank_data_parallel_under_msrun_ends_with_identical_parameters(tmp_path, dask_client):
     """msrun starts two real processes on CPU; each reads its own rank's files; gradients are all-reduced."""
     import os
