@@ -211,6 +211,22 @@ def _tables() -> dict[str, np.ndarray]:
                                            _build_tables)
 
 
+@nb.njit(inline="always")
+def _put_run(out, k, spaces, breaks):
+    """A folded run of spaces and line breaks: one or two line breaks when it held any, else one
+    space when it held one, else nothing; returns the next output index."""
+    if breaks:
+        out[k] = 0x0A
+        k += 1
+        if breaks > 1:
+            out[k] = 0x0A
+            k += 1
+    elif spaces:
+        out[k] = 0x20
+        k += 1
+    return k
+
+
 @nb.njit(cache=True, nogil=True)
 def _clean_fold(data: np.ndarray, offsets: np.ndarray, control: np.ndarray, hspace: np.ndarray, trim: np.ndarray,
                 strip: bool, fold: bool) -> tuple:
@@ -249,46 +265,16 @@ def _clean_fold(data: np.ndarray, offsets: np.ndarray, control: np.ndarray, hspa
                 breaks += 1
                 i = j
                 continue
-            if breaks:
-                out[k] = 0x0A
-                k += 1
-                if breaks > 1:
-                    out[k] = 0x0A
-                    k += 1
-            elif spaces:
-                out[k] = 0x20
-                k += 1
+            k = _put_run(out, k, spaces, breaks)
             spaces = False
             breaks = 0
             while i < j:
                 out[k] = data[i]
                 k += 1
                 i += 1
-        if breaks:
-            out[k] = 0x0A
-            k += 1
-            if breaks > 1:
-                out[k] = 0x0A
-                k += 1
-        elif spaces:
-            out[k] = 0x20
-            k += 1
-        if fold:  # trim: trailing first (step back over continuation bytes), then leading
-            e = k
-            while e > start:
-                s = e - 1
-                while s > start and (out[s] & 0xC0) == 0x80:
-                    s -= 1
-                c, _ = decode_utf8(out, s)
-                if not trim[c]:
-                    break
-                e = s
-            s = start
-            while s < e:
-                c, j = decode_utf8(out, s)
-                if not trim[c]:
-                    break
-                s = j
+        k = _put_run(out, k, spaces, breaks)
+        if fold:  # the ends trimmed, the text moved back to where the document starts
+            s, e = quality_loops._trim(out, start, k, trim)
             if s > start:
                 out[start:start + e - s] = out[s:e].copy()
             k = start + e - s
