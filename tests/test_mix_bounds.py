@@ -16,7 +16,8 @@ from corpusmill.pipeline.doctor import PLAN_BYTES_PER_COPY, mix_plan_problem
 from corpusmill.pipeline.runner import Pipeline
 from corpusmill.pipeline.step import PipelineError
 from tests.conftest import write_jsonl
-from tests.test_pipeline_e2e import LENGTH_ONLY_FILTER, _en_doc, _zh_doc
+from tests.conftest import LENGTH_ONLY_FILTER
+from tests.corpora import en_doc, zh_doc
 
 EPOCHS = 1000
 
@@ -30,7 +31,7 @@ def _cfg(paths: list[Path], mix: dict) -> dict:
 def small(tmp_path_factory, dask_client) -> dict:
     d = tmp_path_factory.mktemp("mix")
     rng = random.Random(3)
-    corpus = write_jsonl(d / "corpus" / "a.jsonl", [{"id": f"d{i}", "text": (_en_doc if i % 2 else _zh_doc)(rng)}
+    corpus = write_jsonl(d / "corpus" / "a.jsonl", [{"id": f"d{i}", "text": (en_doc if i % 2 else zh_doc)(rng)}
                                                     for i in range(40)])
     cfg = parse_config(_cfg([corpus], {"sources": [{"name": "zh", "match": {"language": "zh"}, "epochs": EPOCHS}]}))
     logs: list[str] = []

@@ -11,7 +11,7 @@ from corpusmill.pipeline.config import parse_config
 from corpusmill.pipeline.runner import Pipeline
 from corpusmill.stages import manifest as mf
 from corpusmill.stages.mixing import match_rules, plan_mix, validation_mask
-from tests.test_pipeline_e2e import build_corpus, e2e_config
+from tests.corpora import build_corpus, e2e_config
 
 
 def test_validation_split_is_stable_under_added_documents_and_near_its_share():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_pipeline_e2e import build_corpus, e2e_config
+from tests.corpora import build_corpus, e2e_config
 
 pytest.importorskip("s3fs", reason='object storage needs s3fs: pip install "corpusmill[s3]"')
 

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import collections
-import gzip
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -15,57 +13,7 @@ import pytest
 from corpusmill.pipeline.config import parse_config
 from corpusmill.pipeline.runner import Pipeline
 from corpusmill.stages.base import read_table
-from tests.conftest import LENGTH_ONLY_FILTER, write_jsonl
-
-WORDS = ("data model token corpus shard rank train window quality filter python river bread stone light "
-         "garden winter music number letter window paper signal memory").split()
-HANZI = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说产种面而方后多定行学法所民得经十三之进着等部度家电力里如水化高自二理起小物现实加量都两体制机当使点从业本去把性好应开它合还因由其些然前外天政四日那社义事平形相全表间样与关各重新线内数正心反你明看原又么利比或但质气第向道命此变条只没结解问意建月公无系军很情者最立代想已通并提直题党程展五果料象员革位入常文总次品式活设及管特件长求老头基资边流路级少图山统接知较将组见计别她手角期根论运农指几九区强放决西被干做必战先回则任取据处队南给色光门即保治北造百规热领七海口东导器压志世金增争济阶油思术极交受联什认六共权收证改清己美再采转更单风切打白教速花带安场身车例真务具万每目至达走积示议声报斗完类八离华名确才科张信马节话米整空元况今集温传土许步群广石记需段研界拉林律叫且究观越织装影算低持音众书布复容儿须际商非验连断深难近矿千周委素技备半办青省列习响约支般史感劳便团往酸历市克何除消构府称太准精值号率族维划选标写存候毛亲快效斯院查江型眼王按格养易置派层片始却专状育厂京识适属圆包火住调满县局照参红细引听该铁价严"
-
-
-def _en_doc(rng: random.Random) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 90))) + "."
-
-
-def _zh_doc(rng: random.Random) -> str:
-    return "".join(rng.choice(HANZI) for _ in range(rng.randint(40, 120))) + "。"
-
-
-def build_corpus(root: Path) -> dict:
-    """Originals in a.jsonl (file 0, so they have the lowest uids); copies in later files."""
-    rng = random.Random(42)
-    originals = [{"id": f"o{i}", "text": (_en_doc if i % 2 else _zh_doc)(rng), "source": "orig"} for i in range(240)]
-    write_jsonl(root / "a.jsonl", originals, {10: b"{broken json\n", 20: b'{"text": 5}\n'})
-    planted = []
-    copies = []
-    for k, i in enumerate(range(0, 240, 12)):
-        text = originals[i]["text"]
-        variant = text if k % 2 == 0 else "  " + text.replace(" ", "   ") + "\r\n"  # equal after normalisation
-        copies.append({"id": f"copy{k}", "text": variant, "source": "copies"})
-        planted.append((f"copy{k}", f"o{i}"))
-    copies.append({"id": "copy-of-copy", "text": originals[0]["text"], "source": "copies"})
-    planted.append(("copy-of-copy", "o0"))
-    junk = [{"id": f"junk{k}", "text": t, "source": "junk"} for k, t in enumerate(["", "ok", "短", "!!!"])]
-    with gzip.open(root / "b.jsonl.gz", "wb") as f:
-        for rec in copies + junk:
-            f.write(json.dumps(rec, ensure_ascii=False).encode() + b"\n")
-        f.write(b'{"text": "caf\xe9"}\n')
-    (root / "c.txt").write_text(_en_doc(rng), encoding="utf-8")
-    return {"planted": set(planted), "junk": {r["id"] for r in junk}, "malformed": 3, "originals": len(originals)}
-
-
-def e2e_config(corpus: Path, **over) -> dict:
-    cfg = {
-        "input": {"paths": [str(corpus)], "part_size_mb": 0.01, "block_size_mb": 0.02},  # many blocks and parts
-        "filter": {"length": {"min_chars": 10}, **LENGTH_ONLY_FILTER},
-        "tokenizer": {"train": {"vocab_size": 1500}},
-        "pack": {"seq_length": 32},
-        "shard": {"ranks": 2, "files_per_rank": 2, "seed": 7},
-        "train": {"steps": 30, "batch_size": 8, "lr": 0.005, "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4}},
-    }
-    for key, value in over.items():
-        cfg[key] = {**cfg.get(key, {}), **value}
-    return cfg
-
+from tests.corpora import build_corpus, e2e_config
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, dask_client):
@@ -161,15 +109,9 @@ def test_manifest_describes_files(run):
     assert manifest["vocab_size"] == tok["vocab_size"] <= 1500 and tok["pad_id"] == 3
 
 
-# mindformers 1.9.0 pins mindspore 2.9 and pyarrow 19, so it cannot live in the project's venv: it is
-# installed with --no-deps (it runs on mindspore 2.10 on CPU) beside the few pure-Python modules its
-# dataset code imports, into a folder of its own that only the child process below puts on its path.
-MINDFORMERS = ["mindformers==1.9.0", "deprecated==1.3.1", "wrapt==2.5.2", "jieba==0.42.1", "rouge_chinese==1.0.3",
-               "nltk==3.9.1", "datasets==4.0.0", "multiprocess==0.70.16", "huggingface_hub==0.36.0", "tqdm==4.70.1",
-               "filelock==4.3.1", "tokenizers==0.22.1", "mindpet==1.0.4", "transformers==4.57.1", "tensorboardX==2.6.5"]
-
 # Builds the dataset the way a mindformers run does: the YAML file as written, MindFormerConfig,
-# build_dataset(train_dataset_task) -> CausalLanguageModelDataset; prints what it yields.
+# build_dataset(train_dataset_task) -> CausalLanguageModelDataset; prints what it yields (stock mindformers
+# from the session's mindformers_site, conftest.py).
 MINDFORMERS_READER = """
 import json, sys
 import numpy as np
@@ -183,34 +125,6 @@ for row in dataset.create_dict_iterator(output_numpy=True, num_epochs=1):
                  for k, v in row.items()})
 print("ROWS" + json.dumps({"columns": dataset.get_col_names(), "rows": rows}))
 """
-
-
-@pytest.fixture(scope="session")
-def mindformers_site(request) -> Path:
-    """A folder holding stock mindformers 1.9.0, installed once (pip, --no-deps) and kept in pytest's cache."""
-    import os
-    import subprocess
-    import sys
-    import tempfile
-
-    given = os.environ.get("CORPUSMILL_MINDFORMERS_SITE")
-    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
-    site = Path(given) if given else cache.mkdir("mindformers-1.9.0") if cache is not None else \
-        Path(tempfile.gettempdir()) / "corpusmill-test-mindformers-1.9.0"
-    import fcntl
-
-    site.mkdir(parents=True, exist_ok=True)
-    done = site / "installed.txt"
-    with open(site.parent / (site.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers install it once, one after the other
-        if not done.exists() or done.read_text() != "\n".join(MINDFORMERS):
-            proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target",
-                                   str(site), *MINDFORMERS], capture_output=True, text=True, timeout=1800)
-            if proc.returncode:
-                pytest.skip("mindformers 1.9.0 could not be installed from the package registry: "
-                            + (proc.stderr.strip().splitlines() or ["pip failed"])[-1])
-            done.write_text("\n".join(MINDFORMERS))
-    return site
 
 
 def build_with_stock_mindformers(site: Path, yaml_file: Path, cwd: Path) -> dict:

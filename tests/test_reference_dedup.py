@@ -13,13 +13,13 @@ from corpusmill.pipeline.config import parse_config
 from corpusmill.pipeline.runner import Pipeline
 from corpusmill.pipeline.step import PipelineError
 from tests.conftest import write_jsonl
-from tests.test_pipeline_e2e import _en_doc, _zh_doc
+from tests.corpora import en_doc, zh_doc
 
 
 def _halves(root: Path) -> tuple[Path, Path]:
     """Half A, and half B holding new documents, exact and near copies of A's, and a copy within B."""
     rng = random.Random(7)
-    base = [(_en_doc if i % 2 else _zh_doc)(rng) for i in range(80)]
+    base = [(en_doc if i % 2 else zh_doc)(rng) for i in range(80)]
 
     def near(text: str) -> str:
         words = text.split(" ")

@@ -13,7 +13,7 @@ from corpusmill.pipeline.config import parse_config
 from corpusmill.pipeline.runner import Pipeline
 from corpusmill.stages import manifest as mf
 from corpusmill.stages.mixing import cluster_sizes, rehydrate_copies
-from tests.test_pipeline_e2e import build_corpus, e2e_config
+from tests.corpora import build_corpus, e2e_config
 
 WEIGHTS = [{"min_size": 2, "max_size": 2, "copies": 2}, {"min_size": 3, "max_size": None, "copies": 4}]
 

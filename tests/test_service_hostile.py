@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_pipeline_e2e import build_corpus
+from tests.corpora import build_corpus
 from tests.test_service import BIN, HTTP_S, START_S, TOKEN, Server, follow, listening_addresses
 
 LEAK = "LEAKED-31337"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_pipeline_e2e import build_corpus, e2e_config
+from tests.corpora import build_corpus, e2e_config
 from tests.test_service import Server, follow
 
 IN_ROOT, OUT_ROOT = "s3://corpus/in", "s3://corpus/out"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_pipeline_e2e import build_corpus
+from tests.corpora import build_corpus
 from tests.test_service import Server
 
 

@@ -15,7 +15,7 @@ import pytest
 from corpusmill.pipeline.cli import main
 from corpusmill.pipeline.config import parse_config
 from corpusmill.pipeline.runner import Pipeline
-from tests.test_pipeline_e2e import build_corpus, e2e_config
+from tests.corpora import build_corpus, e2e_config
 
 F0 = "rank-0000/corpus-r0000-f00.mindrecord"
 F1 = "rank-0001/corpus-r0001-f00.mindrecord"

@@ -6,7 +6,7 @@ import pytest
 
 from corpusmill.pipeline.config import parse_config
 from corpusmill.pipeline.runner import Pipeline
-from tests.test_pipeline_e2e import build_corpus, e2e_config
+from tests.corpora import build_corpus, e2e_config
 
 
 @pytest.fixture(scope="module")
