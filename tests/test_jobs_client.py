@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_service import HTTP_S, JOB_S, START_S, TOKEN, Server, free_port, wait_until
+from tests.servers import HTTP_S, JOB_S, START_S, TOKEN, Server, free_port, wait_until
 
 WORDS = [f"w{i}" for i in range(4000)]
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.test_jobs_client import write_long_corpus, write_small_corpus
-from tests.test_service import HTTP_S, JOB_S, START_S, TOKEN, Server, follow, still_active, wait_until
+from tests.servers import HTTP_S, JOB_S, START_S, TOKEN, Server, follow, still_active, wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "

@@ -14,7 +14,7 @@ import pytest
 
 from corpusmill.stages.tokenize import train_hf_tokenizer, train_tokenizer, write_training_sample
 from tests.conftest import write_jsonl
-from tests.test_service import BIN
+from tests.servers import BIN
 
 ZH = "数据清洗是预训练中最容易被低估的环节。去重分为精确去重和近似去重两类。"
 EN = "Data preparation decides more of a model's quality than most architecture tweaks. Packing joins documents."

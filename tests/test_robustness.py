@@ -19,7 +19,7 @@ from corpusmill.pipeline.config import ClusterConfig, parse_config
 from corpusmill.pipeline.engine import dask_client as engine_client
 from corpusmill.pipeline.runner import Pipeline, PipelineError
 from tests.conftest import LENGTH_ONLY_FILTER, write_jsonl
-from tests.test_service import wait_until
+from tests.servers import wait_until
 
 WORDS = ("data model token corpus shard rank train window quality filter python river bread stone light garden "
          "winter music number letter paper signal memory").split()

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.corpora import build_corpus
-from tests.test_service import BIN, HTTP_S, START_S, TOKEN, Server, follow, listening_addresses
+from tests.servers import BIN, HTTP_S, START_S, TOKEN, Server, follow, listening_addresses
 
 LEAK = "LEAKED-31337"
 
@@ -252,7 +252,7 @@ def test_links_planted_while_a_run_job_works_are_replaced_not_written_through(se
     """Links to files outside the roots put into a running job's directory (after its first stage): the
     job writes its report and ledger by replacing the names (atomic rename), so the outside files are
     untouched and the run directory ends up holding regular files."""
-    from tests.test_service import JOB_S, service_config, still_active, wait_until
+    from tests.servers import JOB_S, service_config, still_active, wait_until
 
     outside = base / "outside" / "mid-run"
     outside.mkdir()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.corpora import build_corpus, e2e_config
-from tests.test_service import Server, follow
+from tests.servers import Server, follow
 
 IN_ROOT, OUT_ROOT = "s3://corpus/in", "s3://corpus/out"
 

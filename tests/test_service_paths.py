@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.corpora import build_corpus
-from tests.test_service import Server
+from tests.servers import Server
 
 
 @pytest.fixture(scope="module")
