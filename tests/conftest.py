@@ -252,3 +252,16 @@ def mindformers_site(request) -> Path:
                             + (proc.stderr.strip().splitlines() or ["pip failed"])[-1])
             done.write_text("\n".join(MINDFORMERS))
     return site
+
+
+def read_file(path: Path, tmp_path: Path, **opts) -> tuple[dict, list, dict]:
+    """({id: row}, quarantine rows, stats) of reading one file with the real reader (stages.read)."""
+    import pyarrow.parquet as pq
+
+    from corpusmill.stages import read
+    out = tmp_path / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    units, _ = read.plan_units([str(path)], 1 << 40, 1 << 40)
+    result = read.read_unit(units[0], read.ReadOptions(**opts), str(out))
+    rows = [r for p in result["parts"] for r in pq.read_table(out / p).to_pylist()]
+    return {r["id"]: r for r in rows}, result["quarantine"], result["stats"]

@@ -57,3 +57,65 @@ def e2e_config(corpus: Path, **over) -> dict:
     for key, value in over.items():
         cfg[key] = {**cfg.get(key, {}), **value}
     return cfg
+
+
+# ---- a corpus in two halves: dedup of the second against the first (dedup.reference) ----
+
+def reference_halves(root: Path) -> tuple[Path, Path]:
+    """Half A, and half B holding new documents, exact and near copies of A's, and a copy within B."""
+    rng = random.Random(7)
+    base = [(en_doc if i % 2 else zh_doc)(rng) for i in range(80)]
+
+    def near(text: str) -> str:
+        words = text.split(" ")
+        words[3] = "zzz"
+        return " ".join(words)
+
+    a = [{"id": f"a{i}", "text": base[i], "source": "A"} for i in range(40)] + [{"id": "a-dup0", "text": base[0]}]
+    b = [{"id": f"b{i}", "text": base[40 + i], "source": "B"} for i in range(40)]
+    b += [{"id": f"b-exact{i}", "text": base[i], "source": "B"} for i in range(0, 16, 4)]
+    b += [{"id": f"b-near{i}", "text": near(base[i]), "source": "B"} for i in range(1, 16, 4)]  # odd: English
+    b += [{"id": "b-dup40", "text": base[40], "source": "B"}]
+    return write_jsonl(root / "a.jsonl", a), write_jsonl(root / "b.jsonl", b)
+
+
+def dedup_run(paths: list[Path], out: Path, client, **dedup) -> Path:
+    """A dedup job over `paths` into `out` on the session's cluster (MinHash threshold 0.7 unless given)."""
+    from corpusmill.pipeline.config import parse_config
+    from corpusmill.pipeline.runner import Pipeline
+
+    cfg = parse_config({"input": {"paths": [str(p) for p in paths]}, "dedup": {"minhash": {"threshold": 0.7}, **dedup}})
+    Pipeline(cfg, out, client=client, log=lambda m: None, job="dedup").run()
+    return out
+
+
+# ---- word salad for the service and jobs-client tests ----
+
+SALAD = [f"w{i}" for i in range(4000)]  # 4,000 distinct tokens: no near duplicates by accident
+
+
+def write_small_corpus(folder: Path, files: int = 4, docs: int = 20, ids: str = "d") -> int:
+    """`files` JSONL files of word salad, each document's first copy in the first file: several read tasks
+    (so the progress lines carry an ETA) and exact duplicates for the ledger to count. Returns documents written."""
+    rng = random.Random(7)
+    folder.mkdir(parents=True, exist_ok=True)
+    texts = [" ".join(rng.choices(SALAD, k=60)) for _ in range(docs)]
+    written = 0
+    for f in range(files):
+        with open(folder / f"part-{f}.jsonl", "w", encoding="utf-8") as out:
+            for i, text in enumerate(texts if f == 0 else texts[f::3]):
+                out.write(json.dumps({"id": f"{ids}{f}-{i}", "text": text}, ensure_ascii=False) + "\n")
+                written += 1
+    return written
+
+
+def write_long_corpus(folder: Path, files: int = 24, docs_per_file: int = 3000) -> None:
+    """~40 MB of distinct documents in many files: a dedup job that runs for a while in short tasks, so
+    cancelling it frees the worker at once."""
+    rng = random.Random(11)
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [" ".join(rng.choices(SALAD, k=90)) for _ in range(500)]
+    for f in range(files):
+        with open(folder / f"long-{f:02d}.jsonl", "w") as out:
+            for i in range(docs_per_file):
+                out.write(json.dumps({"id": f"l{f}-{i}", "text": f"{lines[(i * 7 + f) % 500]} u{f}x{i}"}) + "\n")

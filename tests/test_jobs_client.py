@@ -10,44 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.corpora import write_long_corpus, write_small_corpus
 from tests.servers import HTTP_S, JOB_S, START_S, TOKEN, Server, free_port, wait_until
-
-WORDS = [f"w{i}" for i in range(4000)]
-
-
-def write_small_corpus(folder: Path, files: int = 4, docs: int = 20, ids: str = "d") -> int:
-    """`files` JSONL files of word salad, each document's first copy in the first file: several read tasks
-    (so the progress lines carry an ETA) and exact duplicates for the ledger to count. Returns documents written."""
-    rng = random.Random(7)
-    folder.mkdir(parents=True, exist_ok=True)
-    texts = [" ".join(rng.choices(WORDS, k=60)) for _ in range(docs)]
-    written = 0
-    for f in range(files):
-        with open(folder / f"part-{f}.jsonl", "w", encoding="utf-8") as out:
-            for i, text in enumerate(texts if f == 0 else texts[f::3]):
-                out.write(json.dumps({"id": f"{ids}{f}-{i}", "text": text}, ensure_ascii=False) + "\n")
-                written += 1
-    return written
-
-
-def write_long_corpus(folder: Path, files: int = 24, docs_per_file: int = 3000) -> None:
-    """~40 MB of distinct documents in many files: a dedup job that runs for a while in short tasks, so
-    cancelling it frees the worker at once."""
-    rng = random.Random(11)
-    folder.mkdir(parents=True, exist_ok=True)
-    lines = [" ".join(rng.choices(WORDS, k=90)) for _ in range(500)]
-    for f in range(files):
-        with open(folder / f"long-{f:02d}.jsonl", "w") as out:
-            for i in range(docs_per_file):
-                out.write(json.dumps({"id": f"l{f}-{i}", "text": f"{lines[(i * 7 + f) % 500]} u{f}x{i}"}) + "\n")
-
 
 def jobs_cli(*args: str, server: str | None = None, token: str | None = TOKEN, cwd: Path | None = None,
              env: dict | None = None, timeout: float = HTTP_S) -> subprocess.CompletedProcess:

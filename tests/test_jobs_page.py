@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_jobs_client import write_long_corpus, write_small_corpus
+from tests.corpora import write_long_corpus, write_small_corpus
 from tests.servers import HTTP_S, JOB_S, START_S, TOKEN, Server, follow, still_active, wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

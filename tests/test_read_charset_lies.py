@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from corpusmill.stages import html
-from tests.test_warc_damage import Warc, http_response, read_file
+from tests.conftest import Warc, http_response, read_file
 
 ZH = "这是一个关于河流与石头的中文段落，孩子们每天早上沿着河岸走去学校。"
 EN = "The river runs past the old mill, and the children walk along its banks before school. "

@@ -14,7 +14,7 @@ import pytest
 from corpusmill.pipeline.config import parse_config
 from corpusmill.pipeline.runner import Pipeline
 from corpusmill.pipeline.step import PipelineError
-from tests.test_reference_dedup import _dedup, _halves
+from tests.corpora import dedup_run, reference_halves
 
 INDEX = "04b-dedup_index"
 
@@ -22,8 +22,8 @@ INDEX = "04b-dedup_index"
 @pytest.fixture(scope="module")
 def first(tmp_path_factory, dask_client) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("refdamage")
-    a, b = _halves(d / "corpus")
-    return _dedup([a], d / "first", dask_client, write_index=True), b
+    a, b = reference_halves(d / "corpus")
+    return dedup_run([a], d / "first", dask_client, write_index=True), b
 
 
 def _cut(p: Path) -> None:

@@ -3,41 +3,13 @@ index) loses the same documents as one run over both, and the first run is left 
 from __future__ import annotations
 
 import hashlib
-import random
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from corpusmill.pipeline.config import parse_config
-from corpusmill.pipeline.runner import Pipeline
 from corpusmill.pipeline.step import PipelineError
-from tests.conftest import write_jsonl
-from tests.corpora import en_doc, zh_doc
-
-
-def _halves(root: Path) -> tuple[Path, Path]:
-    """Half A, and half B holding new documents, exact and near copies of A's, and a copy within B."""
-    rng = random.Random(7)
-    base = [(en_doc if i % 2 else zh_doc)(rng) for i in range(80)]
-
-    def near(text: str) -> str:
-        words = text.split(" ")
-        words[3] = "zzz"
-        return " ".join(words)
-
-    a = [{"id": f"a{i}", "text": base[i], "source": "A"} for i in range(40)] + [{"id": "a-dup0", "text": base[0]}]
-    b = [{"id": f"b{i}", "text": base[40 + i], "source": "B"} for i in range(40)]
-    b += [{"id": f"b-exact{i}", "text": base[i], "source": "B"} for i in range(0, 16, 4)]
-    b += [{"id": f"b-near{i}", "text": near(base[i]), "source": "B"} for i in range(1, 16, 4)]  # odd: English
-    b += [{"id": "b-dup40", "text": base[40], "source": "B"}]
-    return write_jsonl(root / "a.jsonl", a), write_jsonl(root / "b.jsonl", b)
-
-
-def _dedup(paths: list[Path], out: Path, client, **dedup) -> Path:
-    cfg = parse_config({"input": {"paths": [str(p) for p in paths]}, "dedup": {"minhash": {"threshold": 0.7}, **dedup}})
-    Pipeline(cfg, out, client=client, log=lambda m: None, job="dedup").run()
-    return out
+from tests.corpora import dedup_run, reference_halves
 
 
 def _removed(out: Path) -> dict[str, tuple]:
@@ -57,11 +29,11 @@ def _digest(folder: Path) -> str:
 
 
 def test_two_runs_with_a_reference_remove_what_one_run_over_both_removes(tmp_path, dask_client):
-    a, b = _halves(tmp_path / "corpus")
-    first = _dedup([a], tmp_path / "first", dask_client, write_index=True)
+    a, b = reference_halves(tmp_path / "corpus")
+    first = dedup_run([a], tmp_path / "first", dask_client, write_index=True)
     before = _digest(first)
-    second = _dedup([b], tmp_path / "second", dask_client, reference=[str(first)])
-    both = _dedup([a, b], tmp_path / "both", dask_client)
+    second = dedup_run([b], tmp_path / "second", dask_client, reference=[str(first)])
+    both = dedup_run([a, b], tmp_path / "both", dask_client)
     assert _digest(first) == before  # the earlier run is only read
     one_run, two_runs = _removed(both), {**_removed(first), **_removed(second)}
     assert set(one_run) == set(two_runs)
@@ -73,6 +45,6 @@ def test_two_runs_with_a_reference_remove_what_one_run_over_both_removes(tmp_pat
 
 
 def test_a_reference_without_an_index_is_one_clear_error(tmp_path, dask_client):
-    a, _ = _halves(tmp_path / "corpus")
+    a, _ = reference_halves(tmp_path / "corpus")
     with pytest.raises(PipelineError, match="no dedup index"):
-        _dedup([a], tmp_path / "out", dask_client, reference=[str(tmp_path / "missing")])
+        dedup_run([a], tmp_path / "out", dask_client, reference=[str(tmp_path / "missing")])

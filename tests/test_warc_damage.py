@@ -9,21 +9,10 @@ import json
 import random
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
-from corpusmill.stages import html, read
-from tests.conftest import Warc, http_response, page_html, warc_record  # noqa: F401 - the shared WARC writer
-
-def read_file(path: Path, tmp_path: Path, **opts) -> tuple[dict, list, dict]:
-    """({id: row}, quarantine rows, stats) of reading one file with the real reader."""
-    out = tmp_path / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    units, _ = read.plan_units([str(path)], 1 << 40, 1 << 40)
-    result = read.read_unit(units[0], read.ReadOptions(**opts), str(out))
-    rows = [r for p in result["parts"] for r in pq.read_table(out / p).to_pylist()]
-    return {r["id"]: r for r in rows}, result["quarantine"], result["stats"]
-
+from corpusmill.stages import html
+from tests.conftest import Warc, http_response, page_html, read_file, warc_record  # noqa: F401 - the shared WARC writer
 
 def assert_accounted(docs: dict, quarantine: list, stats: dict, warc: Warc, path: Path) -> None:
     """Every page record of `warc` is a document, a quarantine row (by offset) or inside a lost-input span;
