@@ -1,10 +1,15 @@
 """Build a labelled near-duplicate benchmark corpus from real English and Chinese text.
 
-    python bench/dedup_corpus.py CORPUS_DIR OUT_DIR [--docs 100000] [--near 0.06] [--exact 0.01]
+    python bench/dedup_corpus.py CORPUS_DIR OUT_DIR [--docs 100000] [--near 0.06] [--exact 0.01] [--long]
 
 CORPUS_DIR is the output of ../shared/data/build_corpus.sh. Real documents are cut at paragraph
-boundaries into pieces of 0.6-8 KB; pieces that are already near each other (true Jaccard >= 0.5,
-found with corpusmill itself at a low threshold) are dropped, so the only duplicates left are the
+boundaries into pieces of 0.6-8 KB (`--long`: 2-16 KB, mean about 3.4 KB, from the long-document
+sources only: man pages, package and language documentation, manuals, books, laws; no dictionary
+entries, fortunes or poems, so a speed figure is not flattered by short documents; a source may
+give half of a language's pieces, and Chinese is 30 % unless --zh-share says otherwise; /work/corpus
+holds about 83k such pieces, so --docs 100000 gives about 76k base documents). Pieces that are
+already near each other (true Jaccard >= 0.5, found with corpusmill itself at a low threshold) are
+dropped, so the only duplicates left are the
 planted ones. Then copies are planted: near copies edited by word/character substitutions,
 insertions, deletions and added boilerplate, their true Jaccard to the source computed exactly from
 shingle sets in the space corpusmill's threshold is on (`jaccard`: character 5-grams after dedup's
@@ -36,12 +41,19 @@ BOILERPLATE_EN = ["Share this article on social media.", "All rights reserved. T
 BOILERPLATE_ZH = ["版权所有，转载请注明出处。", "欢迎关注我们的公众号获取更多资讯。", "本文仅代表作者观点，不代表本站立场。"]
 
 
-def pieces(corpus: Path, lang: str, rng: random.Random, want: int):
-    """Real text cut into 0.6-8 KB pieces at paragraph boundaries."""
+SHORT_SOURCES = ("dict-", "fortunes", "chinese-poetry")  # left out with --long: entries of a few hundred bytes
+
+
+def pieces(corpus: Path, lang: str, rng: random.Random, want: int, long: bool = False):
+    """Real text cut into 0.6-8 KB pieces at paragraph boundaries (`long`: 2-16 KB, the tail of a
+    document a piece of its own when it has 2 KB, from the long-document sources only)."""
     files = sorted((corpus / lang).glob("*.jsonl"))
+    if long:
+        files = [f for f in files if not f.stem.startswith(SHORT_SOURCES)]
+    lo, hi, cap = (2000, 6000, 16000) if long else (600, 5000, 8000)
     rng.shuffle(files)
     out = []
-    per_file = max(1, want // 3)  # no single source may dominate
+    per_file = max(1, want // (2 if long else 3))  # no single source may dominate
     for f in files:
         taken = 0
         with open(f, encoding="utf-8") as fh:
@@ -51,11 +63,14 @@ def pieces(corpus: Path, lang: str, rng: random.Random, want: int):
                 for para in re.split(r"\n\s*\n", text):
                     buf = f"{buf}\n\n{para}" if buf else para
                     size = len(buf.encode())
-                    if size >= rng.randint(600, 5000):
-                        if size <= 8000:
+                    if size >= rng.randint(lo, hi):
+                        if size <= cap:
                             out.append((f.stem, buf))
                             taken += 1
                         buf = ""
+                if long and lo <= len(buf.encode()) <= cap:  # the document's tail
+                    out.append((f.stem, buf))
+                    taken += 1
                 if taken >= per_file:
                     break
     rng.shuffle(out)
@@ -123,15 +138,18 @@ def main() -> int:
     ap.add_argument("--docs", type=int, default=100_000, help="base documents before planting")
     ap.add_argument("--near", type=float, default=0.06, help="share of base documents given a near copy")
     ap.add_argument("--exact", type=float, default=0.01, help="share of base documents given an exact copy")
-    ap.add_argument("--zh-share", type=float, default=0.4)
+    ap.add_argument("--zh-share", type=float, default=None, help="share of Chinese pieces (0.4; 0.3 with --long)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--files", type=int, default=8, help="JSONL files to write")
+    ap.add_argument("--long", action="store_true", help="long documents only (2-16 KB pieces of the long-document sources)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
+    if args.zh_share is None:
+        args.zh_share = 0.3 if args.long else 0.4
     n_zh = int(args.docs * args.zh_share * 1.1)
     n_en = int(args.docs * 1.1) - n_zh
     base = [(f"{lang}-{i}", src, text) for lang, n in (("en", n_en), ("zh", n_zh))
-            for i, (src, text) in enumerate(pieces(args.corpus, lang, rng, n))]
+            for i, (src, text) in enumerate(pieces(args.corpus, lang, rng, n, args.long))]
     print(f"{len(base)} real pieces; removing those already near each other", flush=True)
     base = drop_near_pairs(base, args.out / ".work")
     rng.shuffle(base)

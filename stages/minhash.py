@@ -24,11 +24,13 @@ from .shingles import FOLD_PRIME, fmix64
 
 @lru_cache(maxsize=8)
 def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """datasketch's own permutation parameters for (num_perm, seed)."""
-    from datasketch import MinHash
-
-    a, b = MinHash(num_perm=num_perm, seed=seed).permutations
-    return np.asarray(a, dtype=np.uint32), np.asarray(b, dtype=np.uint32)
+    """datasketch's permutation parameters for (num_perm, seed), drawn as `datasketch.MinHash` draws
+    them for its default scheme (affine32: odd a, any b, from numpy's RandomState(seed)) without
+    importing it (the import cost every worker 1-2 s; tests/test_minhash_params.py pins the equality)."""
+    gen = np.random.RandomState(seed)
+    a = gen.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
+    b = gen.randint(0, 1 << 32, num_perm, dtype=np.uint32)
+    return a, b
 
 
 def signatures(hashes64: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
@@ -38,6 +40,17 @@ def signatures(hashes64: np.ndarray, offsets: np.ndarray, num_perm: int, seed: i
     A document without shingles gets the all-max signature (datasketch's empty MinHash)."""
     a, b = permutations(num_perm, seed)
     return sketch.minhash(np.ascontiguousarray(hashes64, dtype=np.uint64), np.asarray(offsets, dtype=np.int64), a, b)
+
+
+def char_signatures(texts, spec, num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(signatures, shingle counts) of documents shingled by character (`spec.unit == "char"`): the
+    same values as `signatures(*shingles.shingle_hashes(texts, spec), ...)`, from one compiled loop
+    per document over the UTF-8 buffer (`sketch.char_minhash`), without the batch's shingle array."""
+    from .shingles import char_tables, utf8_buffers
+
+    a, b = permutations(num_perm, seed)
+    data, offsets = utf8_buffers(texts)
+    return sketch.char_minhash(data, offsets, *char_tables(spec), spec.char_ngram, a, b)
 
 
 def signature_jaccard(x: np.ndarray, y: np.ndarray) -> np.ndarray:

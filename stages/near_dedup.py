@@ -86,10 +86,15 @@ def signature_table(table: pa.Table, out_path: str, spec: SignatureSpec) -> dict
         if shared:  # one decoding for both methods' n-grams
             (hashes, offsets), (sim_hashes, sim_offsets) = shingle_hashes_multi(piece, [spec.minhash, spec.simhash])
         if spec.minhash is not None:
-            if not shared:
-                hashes, offsets = shingle_hashes(piece, spec.minhash)
-            sigs.append(minhash.signatures(hashes, offsets, spec.num_perm, spec.seed))
-            n_sh.append(np.diff(offsets))
+            if not shared and spec.minhash.unit == "char":  # one fused loop, no array of shingles
+                sig, counts = minhash.char_signatures(piece, spec.minhash, spec.num_perm, spec.seed)
+                sigs.append(sig)
+                n_sh.append(counts)
+            else:
+                if not shared:
+                    hashes, offsets = shingle_hashes(piece, spec.minhash)
+                sigs.append(minhash.signatures(hashes, offsets, spec.num_perm, spec.seed))
+                n_sh.append(np.diff(offsets))
         if spec.simhash is not None:
             if not shared:
                 sim_hashes, sim_offsets = shingle_hashes(piece, spec.simhash)

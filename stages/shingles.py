@@ -209,6 +209,82 @@ def char_points(texts: pa.Array, strip_punctuation: bool) -> tuple[np.ndarray, n
     return points, starts
 
 
+_CHAR_TABLES: dict = {}
+
+
+def _cached_table(name: str, build, dtype) -> np.ndarray:
+    """A per-code-point table kept on disk beside the compiled loops' cache (keyed by the Unicode and
+    Arrow versions that define it), so a worker process loads it instead of building it."""
+    import os
+    import unicodedata
+    from pathlib import Path
+
+    cache = Path(__file__).resolve().parent / "__pycache__" / f"{name}-{unicodedata.unidata_version}-{pa.__version__}.npy"
+    try:
+        table = np.load(cache)
+        if table.dtype == dtype and len(table) == 0x110000:
+            return table
+    except (OSError, ValueError):
+        pass
+    table = build().astype(dtype)
+    try:  # a read-only install simply rebuilds it per process
+        cache.parent.mkdir(exist_ok=True)
+        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npy")
+        np.save(tmp, table)
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return table
+
+
+_SURROGATES = (0xD800, 0xE000)  # not encodable as UTF-8: never met in valid text, mapped to themselves
+
+
+def _build_lower() -> np.ndarray:
+    """lower[c]: Arrow's utf8_lower of the one-character string chr(c) (it maps code point by code point)."""
+    points = np.r_[np.arange(_SURROGATES[0]), np.arange(_SURROGATES[1], 0x110000)]
+    lowered = pc.utf8_lower(pa.array([chr(c) for c in points.tolist()], pa.string()))
+    data, offsets = utf8_buffers(lowered)
+    out, starts, _ = sketch.utf8_points(data, offsets, np.zeros(0x110000, np.uint8), np.ones(0x110000, np.uint8))
+    if not (np.diff(starts) == 1).all():  # a mapping to several code points would break the table
+        raise RuntimeError("utf8_lower maps a code point to several")
+    table = np.arange(0x110000, dtype=np.uint32)
+    table[points] = out
+    return table
+
+
+def _build_component_lut() -> np.ndarray:
+    """lut[c]: xxh3-64 of chr(c)'s UTF-8, every code point (the character components' hashes)."""
+    table = np.zeros(0x110000, dtype=np.uint64)
+    points = np.r_[np.arange(_SURROGATES[0]), np.arange(_SURROGATES[1], 0x110000)]
+    table[points] = np.fromiter((xxhash.xxh3_64_intdigest(chr(c).encode("utf-8")) for c in points.tolist()), np.uint64,
+                                len(points))
+    return table
+
+
+def char_tables(spec: ShingleSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lower, drop, lut) for the fused character loops (`sketch.char_components`, `sketch.char_minhash`):
+    lowercasing (the identity without `spec.lowercase`), the dropped code points, and every code
+    point's component hash, each a table over all code points."""
+    key = (spec.lowercase, spec.strip_punctuation)
+    if key not in _CHAR_TABLES:
+        with _TABLE_LOCK:
+            if "lut" not in _CHAR_TABLES:
+                _CHAR_TABLES["lut"] = _cached_table("char-lut", _build_component_lut, np.uint64)
+            if spec.lowercase and "lower" not in _CHAR_TABLES:
+                _CHAR_TABLES["lower"] = _cached_table("utf8-lower", _build_lower, np.uint32)
+            lower = _CHAR_TABLES["lower"] if spec.lowercase else np.arange(0x110000, dtype=np.uint32)
+            _CHAR_TABLES[key] = (lower, _drop_table(spec.strip_punctuation), _CHAR_TABLES["lut"])
+    return _CHAR_TABLES[key]
+
+
+def char_components(texts: pa.Array, spec: ShingleSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(component hashes, per-document starts) with unit "char": what lowercasing, `char_points` and
+    the table lookup give, in one compiled pass over the UTF-8 buffer."""
+    data, offsets = utf8_buffers(texts)
+    return sketch.char_components(data, offsets, *char_tables(spec))
+
+
 def _component_hashes(texts: pa.Array, cjk: np.ndarray, spec: ShingleSpec, with_lengths: bool = False):
     """Flat uint64 component hashes of all documents and the per-document component counts (and,
     `with_lengths`, each component's length in characters)."""
@@ -272,6 +348,9 @@ def shingle_hashes_multi(texts: pa.Array, specs: list[ShingleSpec]) -> list[tupl
     assert all(same_components(specs[0], s) for s in specs[1:])
     spec = specs[0]
     texts = one_array(texts)
+    if spec.unit == "char":  # every document by character: one fused pass, lowercasing included
+        comp, starts = char_components(texts.cast(pa.string()), spec)
+        return [sketch.fold_ngrams(comp, starts, np.full(len(texts), s.char_ngram, np.int64)) for s in specs]
     texts = _prepare(texts.cast(pa.string()), spec)
     cjk = cjk_mask(texts, spec)
     comp, counts = _component_hashes(texts, cjk, spec)
