@@ -59,6 +59,11 @@ def e2e_config(corpus: Path, **over) -> dict:
     return cfg
 
 
+def service_config(corpus: Path, **over) -> dict:
+    """The e2e test config with the corpus named relative to the data root, as an API user would."""
+    return e2e_config(corpus, input={"paths": ["corpus"], "part_size_mb": 0.02, "block_size_mb": 0.04}, **over)
+
+
 # ---- a corpus in two halves: dedup of the second against the first (dedup.reference) ----
 
 def reference_halves(root: Path) -> tuple[Path, Path]:

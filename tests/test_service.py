@@ -19,14 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.corpora import build_corpus, e2e_config
+from tests.corpora import build_corpus, service_config
 from tests.servers import (BIN, HTTP_S, JOB_S, START_S, TOKEN, Server, follow, free_port, listening_addresses,
                            still_active, wait_until)
-
-def service_config(corpus: Path, **over) -> dict:
-    """The e2e test config with the corpus named relative to the data root, as an API user would."""
-    return e2e_config(corpus, input={"paths": ["corpus"], "part_size_mb": 0.02, "block_size_mb": 0.04}, **over)
-
 
 def comparable_manifest(out: Path) -> dict:
     manifest = json.loads((out / "shards" / "manifest.json").read_text())

@@ -252,7 +252,8 @@ def test_links_planted_while_a_run_job_works_are_replaced_not_written_through(se
     """Links to files outside the roots put into a running job's directory (after its first stage): the
     job writes its report and ledger by replacing the names (atomic rename), so the outside files are
     untouched and the run directory ends up holding regular files."""
-    from tests.servers import JOB_S, service_config, still_active, wait_until
+    from tests.corpora import service_config
+    from tests.servers import JOB_S, still_active, wait_until
 
     outside = base / "outside" / "mid-run"
     outside.mkdir()
