@@ -15,7 +15,7 @@ from dask import delayed
 
 from corpusmill.stages import mixing, pack, tokenize
 from corpusmill.stages import tokenizer_kinds as kinds
-from corpusmill.stages.base import merge_stats, write_table_atomic
+from corpusmill.stages.base import merge_stats, read_table, write_table_atomic
 
 from ..config import Config
 from ..executor import sample_part
@@ -440,8 +440,6 @@ def _rehydrate(ctx: StepContext, index: list[dict], codes: list[np.ndarray],
                label: str) -> tuple[list[dict], list[np.ndarray], dict]:
     """`pack.rehydrate:` each training document's copies by the size of the duplicate cluster it kept
     (`mixing.cluster_sizes` over exact and near dedup's removed rows), and what that added."""
-    from corpusmill.stages.base import read_table
-
     files = ctx.keeper_rows()
     if files:
         rows = read_table(files, columns=["uid", "duplicate_of"])
