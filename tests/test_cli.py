@@ -164,8 +164,10 @@ def test_sampled_run_projects_the_full_run(demo_run, tmp_path):
     relative_se = np.sqrt(lengths @ lengths) / lengths.sum()  # (1 - f) / f = 1 at f = 0.5
     for key in ("tokens", "samples_per_rank", "shard_bytes"):
         assert abs(projected[key] - full[key]) <= 3 * relative_se * full[key], (key, projected[key], full[key], relative_se)
-    stage_seconds = sum(full["run"]["seconds_per_stage"].values())
-    assert 0.5 * stage_seconds < projected["wall_s"] < 2 * stage_seconds, (projected["wall_s"], stage_seconds)
+    # wall time: the sampled run's own stage seconds, the scaling part at most doubled (1 / 0.5); its
+    # seconds, not the full run's (two runs' times on a busy host are not comparable)
+    own = sum(sampled["run"]["seconds_per_stage"].values())
+    assert own - 0.1 <= projected["wall_s"] <= 2 * own + 0.1, (projected["wall_s"], own)
     report = (runs[0] / "report.md").read_text()
     assert "sample" in report.lower() and "projected" in report.lower()
     # every stage saw only the sampled documents

@@ -239,7 +239,7 @@ def test_keep_newest_by_field_and_jsonl_export(near_corpus, dask_client, tmp_pat
 def test_same_kept_set_whatever_the_partitioning_or_components_mode(near_corpus, dask_client, tmp_path):
     corpus, _ = near_corpus
     _, one = _dedup(corpus, tmp_path / "one", dask_client, input={"part_size_mb": 64})
-    _, many = _dedup(corpus, tmp_path / "many", dask_client, input={"part_size_mb": 0.02, "block_size_mb": 0.05},
+    _, many = _dedup(corpus, tmp_path / "many", dask_client, input={"part_size_mb": 0.06, "block_size_mb": 0.12},
                      components_memory_mb=0)  # forces the distributed components
     key = ["uid", "duplicate_of_uid", "cluster_id", "cluster_size"]
     a = one.sort_values("uid")[key].reset_index(drop=True)

@@ -242,7 +242,8 @@ def test_service_killed_mid_job_resumes_it_to_the_same_shards(data_root, referen
     state = tmp_path / "state"
     srv = Server(state, [data_root]).start()
     try:
-        cfg = service_config(data_root / "corpus", train={"enabled": True, "steps": 4})
+        # no training: what is killed and resumed is the pipeline (a trainer's own resume: test_train)
+        cfg = service_config(data_root / "corpus", train={"enabled": False, "steps": 4})
         with srv.client() as c:
             created = c.post("/v1/jobs", json={"kind": "run", "config": cfg, "out": "killed-run"}).json()
             out = Path(created["out"])
@@ -294,7 +295,8 @@ def test_jobs_run_on_a_real_dask_scheduler_and_workers(data_root, reference_job,
             client.wait_for_workers(2, timeout=START_S)
         srv = Server(tmp_path / "state", [data_root], "--scheduler", address).start()
         try:
-            cfg = service_config(data_root / "corpus", train={"enabled": True, "steps": 4})
+            # no training: the trainer runs in the job process, not on the cluster's workers
+            cfg = service_config(data_root / "corpus", train={"enabled": False, "steps": 4})
             with srv.client() as c:
                 created = c.post("/v1/jobs", json={"kind": "run", "config": cfg}).json()
                 final = follow(c, created["id"])
