@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .config import Config
-from .step import Step
+from .step import DeclaredConfig, Step
 from .steps.dedup.exact import ExactDedupStep
 from .steps.dedup.near import NearDedupStep
 from .steps.dedup.paragraph import ParagraphDedupStep
@@ -41,7 +41,7 @@ class Plan:
         for step in self.steps:
             if not step.resumable:
                 continue
-            previous = cfg.section_hash(*step.config_sections, extra=step.hash_extra(cfg, previous),
+            previous = cfg.section_hash(*step.config_sections, extra=step.hash_extra(DeclaredConfig(cfg, step), previous),
                                         ignore=step.hash_ignores)
             links[step.name] = previous
         return links

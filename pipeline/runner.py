@@ -196,7 +196,7 @@ class Pipeline:
                 self.log(f"[{step.name}] resuming: {kept} task(s) finished in an earlier try are kept")
         elif step.resumable:
             folder = self.rundir.fresh_folder(step.name)
-        ctx.begin(folder if step.resumable else None, link)
+        ctx.begin(step, folder if step.resumable else None, link)
         self._progress("stage_started", step.name)
         started = time.perf_counter()
         try:

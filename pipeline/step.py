@@ -22,6 +22,7 @@ from typing import Any, Callable, ClassVar, Mapping, Optional
 import numpy as np
 import pyarrow.parquet as pq
 from dask import delayed
+from pydantic import BaseModel
 
 from corpusmill.stages.base import merge_stats, write_table_atomic
 
@@ -59,6 +60,9 @@ class Step:
 
     name: ClassVar[str]
     config_sections: ClassVar[tuple[str, ...]] = ()  # the sections hashed into this step's link
+    # the other sections it reads: what of them changes its result joins the link through `hash_extra`;
+    # a section in neither is refused (`DeclaredConfig`), so no read can hide from resume
+    config_reads: ClassVar[tuple[str, ...]] = ()
     hash_ignores: ClassVar[tuple[tuple[str, str], ...]] = ()  # (section, key) of those a later step owns alone
     counts_documents: ClassVar[bool] = False  # True: docs_in == docs_out + removed, checked by the ledger
     counters: ClassVar[tuple[str, ...]] = ()  # keys its stats always hold (the ledger, report and service read them)
@@ -98,6 +102,58 @@ class Step:
         return result
 
 
+class UndeclaredConfigRead(PipelineError):
+    """A step read a config section it does not declare: its result could change without its link."""
+
+
+SECTIONS = frozenset(name for name, f in Config.model_fields.items()
+                     if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel))
+
+
+class DeclaredConfig:
+    """The config as one step sees it (`ctx.cfg`, and `cfg` in `hash_extra`): the sections it declares
+    in `config_sections` and `config_reads`, read through; any other section raises. Why: resume reuses
+    a step's folder when its link is unchanged, and the link is built from what the step declares, so a
+    read it does not declare is a setting whose change would silently reuse a stale result."""
+
+    __slots__ = ("_cfg", "_step", "_allowed")
+
+    def __init__(self, cfg: Config, step: "Step") -> None:
+        cfg = cfg._cfg if isinstance(cfg, DeclaredConfig) else cfg
+        object.__setattr__(self, "_cfg", cfg)
+        object.__setattr__(self, "_step", step.name)
+        object.__setattr__(self, "_allowed", frozenset(step.config_sections) | frozenset(step.config_reads))
+
+    def _check(self, section: str) -> None:
+        if section in SECTIONS and section not in self._allowed:
+            raise UndeclaredConfigRead(
+                f"step {self._step} read config section {section!r}, which it does not declare: add it to the "
+                f"step's config_sections (hashed whole) or config_reads (and what changes its result to hash_extra)")
+
+    def __getattr__(self, name: str) -> Any:
+        self._check(name)
+        return getattr(self._cfg, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("a step's view of the config is read-only")
+
+    def section_hash(self, *names: str, **kwargs: Any) -> str:
+        for n in names:
+            self._check(n)
+        return self._cfg.section_hash(*names, **kwargs)
+
+    def __reduce__(self) -> tuple:  # a task that takes the view gets the same view on the worker
+        return (_declared_again, (self._cfg, self._step, tuple(sorted(self._allowed))))
+
+
+def _declared_again(cfg: Config, step: str, allowed: tuple[str, ...]) -> DeclaredConfig:
+    view = object.__new__(DeclaredConfig)
+    object.__setattr__(view, "_cfg", cfg)
+    object.__setattr__(view, "_step", step)
+    object.__setattr__(view, "_allowed", frozenset(allowed))
+    return view
+
+
 DOCUMENT_COUNTERS = ("docs_in", "docs_out", "removed")
 
 
@@ -134,9 +190,11 @@ class StepContext:
         self._task_folder: Optional[Path] = None  # the running step's folder and link: where `run_parts` commits
         self._task_link = ""
 
-    def begin(self, folder: Optional[Path], link: Optional[str]) -> None:
-        """The runner names the step about to run: its finished tasks are committed under its folder
-        with its link (None: a step without a folder of its own, whose tasks are not kept)."""
+    def begin(self, step: Step, folder: Optional[Path], link: Optional[str]) -> None:
+        """The runner names the step about to run: it sees the config sections it declares
+        (`DeclaredConfig`), and its finished tasks are committed under its folder with its link (None:
+        a step without a folder of its own, whose tasks are not kept)."""
+        self.cfg = DeclaredConfig(self.cfg, step)
         self._task_folder, self._task_link = folder, link or ""
 
     # ---- earlier steps ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from ..step import DocumentStep, PipelineError, StepContext, StepResult
 class DecontaminateStep(DocumentStep):
     name = "decontaminate"
     config_sections = ("decontaminate",)
+    config_reads = ("filter",)  # audit_text_chars, hashed by the filter step upstream
     outputs = {"eval_sets": dict}
 
     def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:

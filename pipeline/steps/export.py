@@ -25,6 +25,7 @@ DEFERRED_STEPS = ("exact_dedup", "near_dedup")  # the steps whose removal a dedu
 
 class ExportStep(Step):
     name = "export"
+    config_reads = ("dedup", "input")  # not resumable: it runs every time
     resumable = False  # no folder of its own: always rewritten from the last document step
     counters = ("kept_files", "removed_files")
 

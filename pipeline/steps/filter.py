@@ -44,6 +44,7 @@ class FilterStep(DocumentStep):
 
     name = "filter"
     config_sections = ("filter",)
+    config_reads = ("mix",)  # only checked: a quality bucket a mix rule names must exist
     outputs = {"examples": dict, "rules": list, "scores_dir": str, "overrides": list}
 
     def hash_extra(self, cfg, previous: Optional[str]):  # type: ignore[no-untyped-def]

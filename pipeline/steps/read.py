@@ -21,6 +21,7 @@ class ReadStep(DocumentStep):
     name = "read"
     removes = QUARANTINED
     config_sections = ("input",)
+    config_reads = ("filter", "normalize")  # the language column: hash_extra
     counters = ("docs_in", "docs_out", "removed", "quarantined", "input_files")
     outputs = {"quarantine_examples": list}
 

@@ -85,6 +85,8 @@ def add_eod_metadata(doc: dict, eos_id: int, pad_length: int) -> None:
 class ShardStep(Step):
     name = "shard"
     config_sections = ("shard",)
+    # hashed upstream (pack, tokenize, filter, read) or, for Megatron pairs without a pack step, by hash_extra
+    config_reads = ("pack", "split", "mix", "tokenizer", "filter", "input")
     counters = ("samples", "files", "samples_per_rank", "dropped_samples", "bytes", "tokens")
 
     def hash_extra(self, cfg: Config, previous: Optional[str]) -> object:

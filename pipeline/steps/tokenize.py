@@ -85,6 +85,7 @@ def check_sample(sample: list[str], seed: int) -> list[str]:
 class TokenizeStep(Step):
     name = "tokenize"
     config_sections = ("tokenizer",)
+    config_reads = ("train",)  # the model's vocab_size: hash_extra
     counters = ("docs_in", "tokens")
     outputs = {"tokenizer": TokenizerInfo}
 
@@ -208,6 +209,8 @@ class PackStep(Step):
 
     name = "pack"
     config_sections = ("pack",)
+    # split and mix: hash_extra when used; filter (bucket names) and input (paths in the plan) hashed upstream
+    config_reads = ("split", "mix", "filter", "input")
 
     def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
         """The validation split and the mixture join the link only when used, so a run without them

@@ -36,6 +36,7 @@ BYTES_PER_PARAGRAPH = 40  # a conservative mean size of an eligible paragraph, f
 class ParagraphDedupStep(DocumentStep):
     name = "paragraph_dedup"
     removes = DUPLICATES
+    config_reads = ("dedup",)  # dedup.paragraph and audit_text_chars: hash_extra
     counters = DOCUMENT_COUNTERS + ("paragraphs_removed", "chars_removed", "docs_touched", "repeated_paragraphs")
     outputs = {"examples": list}
 

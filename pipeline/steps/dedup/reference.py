@@ -69,6 +69,7 @@ class DedupIndexStep(Step):
     """dedup.write_index: this run's dedup as an index a later run can reference (see the module)."""
 
     name = "dedup_index"
+    config_reads = ("normalize",)  # in a run job, the normalisation its exact hashes were made under (hashed upstream)
     config_sections = ("dedup",)
     counters = ("documents", "exact", "near")
 
@@ -236,6 +237,7 @@ class ReferenceDedupStep(removal.DedupStep):
     """dedup.reference: remove documents that duplicate an earlier run's (see the module)."""
 
     name = "reference_dedup"
+    config_reads = ("normalize",)  # as the index step: the normalisation the reference's hashes must share
     kind = "reference"
 
     def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
