@@ -20,21 +20,28 @@ SAMPLE = ["Line one of a page.\nLine two, longer...\n\n- a bullet\n1. item\nWe u
           "中文的文本，這是一個句子。\n第二行。。。\n\n第二段。", "mixed 文本 text\n\n\nword word word", ""]
 
 
-def precompile() -> float:
-    """Compile (or load) every compiled loop of `stages`; returns the seconds it took."""
-    from . import boilerplate, exact_dedup, near_dedup, normalize, paragraph_dedup, quality
+def _text_loops() -> None:
+    """Normalize, the quality scores, boilerplate lines, paragraph hashes, the reader's script column."""
+    from . import boilerplate, normalize, paragraph_dedup, quality
+
+    texts = pa.array(SAMPLE, pa.string())
+    normalize.normalize_array(texts)  # the NFKC check and the one escape, control and whitespace pass
+    quality.score_texts(texts)  # the one pass per character, segments, boilerplate-phrase lines, n-gram repetition
+    quality.script_language(texts)  # the character-class counts of the read step's language column
+    lines = boilerplate._split_lines(texts)
+    boilerplate.strip_lines_array(texts, np.array(["s"] * len(SAMPLE), dtype=object), {"s": {int(lines.hashes[0])}}, {})
+    paragraph_dedup.split(texts, 1)  # the folding and lowercasing pass, then the line scan
+
+
+def _dedup_loops() -> None:
+    """Exact hashes, exact Jaccard, and every signature kind (MinHash by word and by character, SimHash)."""
+    from . import exact_dedup, near_dedup
     from .near_dedup import SignatureSpec
     from .shingles import ShingleSpec
     from .xxh3 import hash_ranges
 
-    started = time.perf_counter()
     texts = pa.array(SAMPLE, pa.string())
-    normalize.normalize_array(texts)  # the NFKC check and the one escape, control and whitespace pass
-    quality.score_texts(texts)  # the one pass per character, segments, boilerplate-phrase lines, n-gram repetition
-    lines = boilerplate._split_lines(texts)
-    boilerplate.strip_lines_array(texts, np.array(["s"] * len(SAMPLE), dtype=object), {"s": {int(lines.hashes[0])}}, {})
     exact_dedup.hash_texts(exact_dedup.fold_whitespace(texts))
-    paragraph_dedup.split(texts, 1)  # the folding and lowercasing pass, then the line scan
     near_dedup.exact_jaccard(texts, texts, ShingleSpec())
     hash_ranges(np.frombuffer(b"abcdef", np.uint8), np.array([0, 2], np.int64), np.array([2, 6], np.int64))
     uids = np.arange(len(SAMPLE), dtype=np.int64)
@@ -44,7 +51,59 @@ def precompile() -> float:
     with tempfile.TemporaryDirectory(prefix="corpusmill-precompile-") as tmp:  # MinHash, SimHash, both at once
         table = pa.table({"uid": pa.array(uids), "id": pa.array([str(u) for u in uids]), "source": pa.array(["s"] * len(SAMPLE)),
                           "text": texts})
-        for spec in (SignatureSpec(word, 128, 1, None, exact=True), SignatureSpec(None, 128, 1, char),
-                     SignatureSpec(word, 128, 1, word)):
+        for spec in (SignatureSpec(word, 128, 1, None, exact=True), SignatureSpec(char, 128, 1, None),
+                     SignatureSpec(None, 128, 1, char), SignatureSpec(word, 128, 1, word)):
             near_dedup.signature_table(table, str(Path(tmp) / "signatures.parquet"), spec)
+
+
+def _tokenizer_loops() -> None:
+    """The SentencePiece piece-cache encoder, on a BPE model trained here on the sample (a second)."""
+    import io
+
+    import sentencepiece as spm
+
+    from . import piece_cache
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(SAMPLE[:3] * 20), model_writer=model, vocab_size=400,
+                                   model_type="bpe", byte_fallback=True, character_coverage=1.0,
+                                   hard_vocab_limit=False, minloglevel=2)
+    with tempfile.TemporaryDirectory(prefix="corpusmill-precompile-") as tmp:
+        path = Path(tmp) / "m.model"
+        path.write_bytes(model.getvalue())
+        sp = spm.SentencePieceProcessor(model_file=str(path))
+        fast, why = piece_cache.build(sp, str(path))
+        if fast is None:
+            raise RuntimeError(f"precompile: the sample model has no fast path ({why})")
+        fast.encode_flat(SAMPLE, 1, 2)
+
+
+GROUPS = (_text_loops, _dedup_loops, _tokenizer_loops)
+_HELPER_GROUPS = (0,)  # compiled by a second process beside this one (about half the compile time)
+
+
+def run_groups(indexes: tuple[int, ...]) -> None:
+    for i in indexes:
+        GROUPS[i]()
+
+
+def precompile(side_by_side: bool = True) -> float:
+    """Compile (or load) every compiled loop of `stages`, in two processes side by side (numba
+    compiles on one core); returns the seconds it took. A helper that fails leaves its loops to this
+    process, so a compile error is raised here, with its traceback."""
+    import subprocess
+    import sys
+
+    started = time.perf_counter()
+    helper = None
+    if side_by_side:
+        code = f"from corpusmill.stages.precompile import run_groups; run_groups({_HELPER_GROUPS!r})"
+        try:
+            helper = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError:
+            helper = None
+    mine = tuple(i for i in range(len(GROUPS)) if helper is None or i not in _HELPER_GROUPS)
+    run_groups(mine)
+    if helper is not None and helper.wait() != 0:
+        run_groups(_HELPER_GROUPS)
     return time.perf_counter() - started
