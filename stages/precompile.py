@@ -64,18 +64,21 @@ def _tokenizer_loops() -> None:
 
     from . import piece_cache
 
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(SAMPLE[:3] * 20), model_writer=model, vocab_size=400,
-                                   model_type="bpe", byte_fallback=True, character_coverage=1.0,
-                                   hard_vocab_limit=False, minloglevel=2)
-    with tempfile.TemporaryDirectory(prefix="corpusmill-precompile-") as tmp:
-        path = Path(tmp) / "m.model"
-        path.write_bytes(model.getvalue())
-        sp = spm.SentencePieceProcessor(model_file=str(path))
-        fast, why = piece_cache.build(sp, str(path))
-        if fast is None:
-            raise RuntimeError(f"precompile: the sample model has no fast path ({why})")
-        fast.encode_flat(SAMPLE, 1, 2)
+    # a model normalising with NFKC (SentencePiece's own normalize()) and one with the identity rule
+    # (the code-point pass of the fast path)
+    for extra in ({}, {"normalization_rule_name": "identity", "remove_extra_whitespaces": False}):
+        model = io.BytesIO()
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(SAMPLE[:3] * 20), model_writer=model, vocab_size=400,
+                                       model_type="bpe", byte_fallback=True, character_coverage=1.0,
+                                       hard_vocab_limit=False, minloglevel=2, **extra)
+        with tempfile.TemporaryDirectory(prefix="corpusmill-precompile-") as tmp:
+            path = Path(tmp) / "m.model"
+            path.write_bytes(model.getvalue())
+            sp = spm.SentencePieceProcessor(model_file=str(path))
+            fast, why = piece_cache.build(sp, str(path))
+            if fast is None:
+                raise RuntimeError(f"precompile: the sample model has no fast path ({why})")
+            fast.encode_flat(SAMPLE, 1, 2)
 
 
 GROUPS = (_text_loops, _dedup_loops, _tokenizer_loops)
