@@ -11,7 +11,11 @@ not a lost worker.
 
 Each process keeps its idle helpers for later calls (MindSpore's import costs 2-3 s): a call takes
 an idle helper or starts one, so concurrent calls (a worker's threads) each have their own. The
-step that used them stops them with `stop_helpers` on every worker when it ends.
+step that used them releases them with `release_helpers` on every worker when it ends: a call still
+running is killed, and idle helpers are stopped after `KEEP_IDLE_S` seconds unless a call took them
+first (the next run on a long-lived cluster, a service's or a test session's, does not import
+MindSpore again). The expiry is the parent's, under the same lock as a call's take, so a helper
+never exits under a call.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, Callable, Optional
 
 _LENGTH = struct.Struct("<Q")
@@ -32,6 +37,7 @@ _LENGTH = struct.Struct("<Q")
 _SERVE = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
           "from corpusmill.pipeline.isolated import _serve; _serve(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))")
 OOM_SCORE_ADJ = 500  # the kernel's OOM killer takes a helper before its worker
+KEEP_IDLE_S = 60.0  # how long a released idle helper waits for the next call before it is stopped
 
 
 class HelperError(RuntimeError):
@@ -154,6 +160,7 @@ def _has_fileno(stream: Any) -> bool:
 
 _idle: list[_Helper] = []
 _busy: set[_Helper] = set()
+_idle_since: dict[_Helper, float] = {}  # monotonic time each idle helper went idle
 _lock = threading.Lock()
 
 
@@ -162,6 +169,7 @@ def _take() -> _Helper:
     while True:
         with _lock:
             helper = _idle.pop() if _idle else None
+            _idle_since.pop(helper, None)
             if helper is not None and helper.alive():
                 _busy.add(helper)
                 return helper
@@ -187,6 +195,7 @@ def _call(helper: _Helper, fn: Callable, args: tuple, kwargs: dict) -> tuple[boo
     with _lock:
         _busy.discard(helper)
         _idle.append(helper)
+        _idle_since[helper] = time.monotonic()
     return answer
 
 
@@ -236,14 +245,48 @@ def stop_helpers() -> int:
     with _lock:
         idle, busy = _idle[:], list(_busy)
         _idle.clear()
+        _idle_since.clear()
+    _kill_busy(busy)
+    for h in idle:
+        h.stop()
+    return len(idle) + len(busy)
+
+
+def _kill_busy(busy: list[_Helper]) -> None:
     for h in busy:  # its calling thread sees the pipe close, reaps it and closes its end
         try:
             h.proc.kill()
         except OSError:
             pass
-    for h in idle:
+
+
+def release_helpers(keep_s: float = KEEP_IDLE_S) -> int:
+    """A step that used helpers has ended: a busy one is still running a call whose step is over (a
+    task cancelled after another failed), so it is killed now; idle ones are kept `keep_s` seconds for
+    the next call and then stopped, their memory going back whole (0: stopped now). How many were
+    killed or stopped now."""
+    if keep_s <= 0:
+        return stop_helpers()
+    with _lock:
+        busy = list(_busy)
+    _kill_busy(busy)
+    timer = threading.Timer(keep_s, _expire, args=(keep_s,))
+    timer.daemon = True
+    timer.start()
+    return len(busy)
+
+
+def _expire(keep_s: float) -> None:
+    """Stop the helpers idle for `keep_s` seconds or more (taken from the idle list under the lock
+    first, so no call can take one being stopped)."""
+    now = time.monotonic()
+    with _lock:
+        old = [h for h in _idle if now - _idle_since.get(h, now) >= keep_s * 0.99]
+        for h in old:
+            _idle.remove(h)
+            _idle_since.pop(h, None)
+    for h in old:
         h.stop()
-    return len(idle) + len(busy)
 
 
 atexit.register(stop_helpers)
@@ -255,7 +298,6 @@ def _serve(requests: int, answers: int, parent: int) -> None:
     it), and, from a watchdog thread, as soon as the parent is gone, even in the middle of a call
     (its files would be written for nobody). Ctrl-C is the parent's to handle: a terminal sends it
     to the helpers too."""
-    import time
     import traceback
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from corpusmill.pipeline import isolated
 from corpusmill.stages import shard
+from tests.servers import wait_until
 
 
 def _pid_and_parent() -> tuple[int, int]:
@@ -166,3 +168,18 @@ def test_a_file_written_through_a_helper_leaves_no_mindspore_in_the_worker_and_a
         assert list(client.run(_worker_state).values())[0][:2] == (pid, False)  # the same worker, still clean
         assert sum(client.run(isolated.stop_helpers).values()) >= 1
         assert list(client.run(_worker_state).values()) == [(pid, False, 0)]
+
+
+def test_released_helpers_serve_the_next_call_and_stop_when_kept_idle_too_long():
+    """release_helpers: a helper taken again within keep_s is the same process (no new MindSpore
+    import); one left idle longer is stopped by the parent (never under a call)."""
+    try:
+        first = isolated.call_in_helper(_pid_and_parent)[0]
+        assert isolated.release_helpers(keep_s=30) == 0  # nothing busy: nothing killed now
+        assert isolated.call_in_helper(_pid_and_parent)[0] == first  # reused, not restarted
+        isolated.release_helpers(keep_s=0.2)
+        wait_until(lambda: not isolated._idle, 30, "the idle helper to be stopped")
+        assert not Path(f"/proc/{first}").exists() or "zombie" in Path(f"/proc/{first}/status").read_text().lower()
+        assert isolated.call_in_helper(_pid_and_parent)[0] != first  # a new one
+    finally:
+        isolated.stop_helpers()

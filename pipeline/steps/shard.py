@@ -113,9 +113,10 @@ class ShardStep(Step):
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         try:
             return self._run(ctx, folder)
-        finally:  # the MindRecord writers' helper processes: their memory goes back whole
+        finally:  # the MindRecord writers' helper processes: a call still running is killed, idle ones are
+            # stopped a minute later unless the next run on this cluster takes them (isolated.release_helpers)
             with contextlib.suppress(Exception):  # best effort: a helper also ends with its worker
-                ctx.on_every_worker(isolated.stop_helpers)
+                ctx.on_every_worker(isolated.release_helpers)
 
     def _run(self, ctx: StepContext, folder: Path) -> StepResult:
         sc = ctx.cfg.shard
