@@ -63,6 +63,7 @@ class Step:
     # the other sections it reads: what of them changes its result joins the link through `hash_extra`;
     # a section in neither is refused (`DeclaredConfig`), so no read can hide from resume
     config_reads: ClassVar[tuple[str, ...]] = ()
+    uses: ClassVar[tuple[str, ...]] = ()  # other steps whose parts, folders, stats or outputs it reads, when planned
     hash_ignores: ClassVar[tuple[tuple[str, str], ...]] = ()  # (section, key) of those a later step owns alone
     counts_documents: ClassVar[bool] = False  # True: docs_in == docs_out + removed, checked by the ledger
     counters: ClassVar[tuple[str, ...]] = ()  # keys its stats always hold (the ledger, report and service read them)
@@ -72,6 +73,11 @@ class Step:
 
     def __init__(self, reads: Optional[str] = None):
         self.reads = reads  # the step whose parts this one reads (decided by the plan)
+
+    def reads_steps(self) -> set[str]:
+        """Every step whose results this one may read: the one it reads, those it `uses`, and any the
+        plan gave it by name (a subclass adds those); `StepContext` refuses the others."""
+        return {s for s in (self.reads, *self.uses) if s}
 
     def hash_extra(self, cfg: Config, previous: Optional[str]) -> Any:
         """What besides its config sections makes this step's result differ: by default the link of
@@ -104,6 +110,10 @@ class Step:
 
 class UndeclaredConfigRead(PipelineError):
     """A step read a config section it does not declare: its result could change without its link."""
+
+
+class UndeclaredStepRead(PipelineError):
+    """A step read the results of a step it does not declare (`reads`, `uses`, or a name the plan gave it)."""
 
 
 SECTIONS = frozenset(name for name, f in Config.model_fields.items()
@@ -187,6 +197,7 @@ class StepContext:
         self._links = MappingProxyType(dict(links))
         self._results = results
         self.n_workers = max(1, len(client.scheduler_info().get("workers", {})))
+        self._step: Optional[Step] = None  # the running step (begin): what it may read
         self._task_folder: Optional[Path] = None  # the running step's folder and link: where `run_parts` commits
         self._task_link = ""
 
@@ -195,19 +206,30 @@ class StepContext:
         (`DeclaredConfig`), and its finished tasks are committed under its folder with its link (None:
         a step without a folder of its own, whose tasks are not kept)."""
         self.cfg = DeclaredConfig(self.cfg, step)
+        self._step = step
         self._task_folder, self._task_link = folder, link or ""
+
+    def _may_read(self, step: str) -> None:
+        me = self._step
+        if me is None or step == me.name or step in me.reads_steps():
+            return
+        raise UndeclaredStepRead(f"step {me.name} read the results of step {step}, which it does not declare: add it "
+                                 f"to the step's `uses` (or pass its name from the plan)")
 
     # ---- earlier steps ----------------------------------------------------------------------
     def link(self, step: str) -> str:
         """The resume hash of a step of this plan (what its marker must carry to be reused)."""
+        self._may_read(step)
         return self._links[step]
 
     def stats(self, step: str) -> Mapping[str, Any]:
+        self._may_read(step)
         return MappingProxyType(self._result(step).stats)
 
     def output(self, step: str, name: str) -> Any:
         """An output a finished step declared, as its declared type (a dataclass is rebuilt from the
         marker's JSON when the step was resumed)."""
+        self._may_read(step)
         kind = self._steps[step].outputs[name]
         value = self._result(step).outputs.get(name)
         if dataclasses.is_dataclass(kind) and isinstance(value, dict):
@@ -220,7 +242,18 @@ class StepContext:
         return self._results[step]
 
     def parts(self, step: str) -> list[str]:
+        self._may_read(step)
         return self.rundir.parts(step)
+
+    def folder(self, step: str) -> Path:
+        """The folder of this step or of one it declares reading (the run directory names it)."""
+        self._may_read(step)
+        return self.rundir.folder(step)
+
+    def removed_files(self, step: str) -> list[str]:
+        """The removed-row files of this step or of one it declares reading."""
+        self._may_read(step)
+        return self.rundir.removed_files(step)
 
     def keeper_rows(self) -> list[str]:
         """The removed-row files of this plan's steps whose rows name, in `duplicate_of`, the document

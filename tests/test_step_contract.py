@@ -8,7 +8,8 @@ import pytest
 
 from corpusmill.pipeline.config import parse_config
 from corpusmill.pipeline.plan import build_plan
-from corpusmill.pipeline.step import SECTIONS, DeclaredConfig, DocumentStep, Step, UndeclaredConfigRead
+from corpusmill.pipeline.step import (SECTIONS, DeclaredConfig, DocumentStep, Step, UndeclaredConfigRead,
+                                     UndeclaredStepRead)
 
 # every optional step on: pii, reference dedup + index, paragraph dedup, decontamination, a mixture
 FULL = {"pii": {"enabled": True}, "dedup": {"write_index": True, "reference": ["/nonexistent/index"],
@@ -59,3 +60,33 @@ def test_every_declared_read_is_hashed_upstream_or_in_the_steps_own_link(job):
                 hashed |= set(step.config_sections)
                 if getattr(step, "normalize_opts", None) is not None:  # a dedup job's steps hash the normalisation given them
                     hashed.add("normalize")
+
+
+class _Reader(Step):
+    name = "pack"
+    uses = ("filter",)
+
+
+def test_a_step_reads_the_results_of_the_steps_it_declares_and_no_other(step_context):
+    ctx = step_context
+    for name in ("tokenize", "filter", "exact_dedup"):
+        ctx.rundir.folder(name).mkdir(parents=True)
+    step = _Reader(reads="tokenize")
+    ctx.begin(step, None, None)
+    assert ctx.parts("tokenize") == [] and ctx.parts("filter") == []  # what it reads, what it uses
+    assert ctx.folder("pack") == ctx.rundir.folder("pack")  # its own
+    for read in (lambda: ctx.parts("exact_dedup"), lambda: ctx.removed_files("exact_dedup"),
+                 lambda: ctx.folder("exact_dedup"), lambda: ctx.stats("exact_dedup"), lambda: ctx.link("exact_dedup")):
+        with pytest.raises(UndeclaredStepRead, match="step pack read the results of step exact_dedup"):
+            read()
+
+
+def test_steps_reach_other_steps_folders_only_through_the_context():
+    """ctx.folder / ctx.removed_files check the declaration; the run directory's own methods do not."""
+    import re
+    from pathlib import Path
+
+    steps = Path(__file__).resolve().parents[1] / "pipeline" / "steps"
+    found = [f"{f.name}:{i}" for f in steps.rglob("*.py") for i, line in enumerate(f.read_text().splitlines(), 1)
+             if re.search(r"rundir\.(folder|removed_files|parts)\(", line)]
+    assert found == []

@@ -25,6 +25,7 @@ DEFERRED_STEPS = ("exact_dedup", "near_dedup")  # the steps whose removal a dedu
 
 class ExportStep(Step):
     name = "export"
+    uses = DEDUP_STEPS  # their removed rows: the export's audit and, with removal deferred, what it drops
     config_reads = ("dedup", "input")  # not resumable: it runs every time
     resumable = False  # no folder of its own: always rewritten from the last document step
     counters = ("kept_files", "removed_files")
@@ -35,6 +36,9 @@ class ExportStep(Step):
         # parts of `parts_from` less every document exact and near dedup removed, written once, straight
         # to the export format, and the audit rows get the removed texts in the same pass
         self.parts_from = parts_from
+
+    def reads_steps(self) -> set[str]:
+        return super().reads_steps() | ({self.parts_from} if self.parts_from else set())
 
     def run(self, ctx: StepContext, folder: Path) -> StepResult:
         """A Parquet export decides each field's column type over all parts first."""
@@ -48,7 +52,7 @@ class ExportStep(Step):
         parts = ctx.parts(self.parts_from or self.reads)
         ic, fmt = ctx.cfg.input, ctx.export_format
         drop: Any = None
-        audit = [f for step in DEFERRED_STEPS for f in ctx.rundir.removed_files(step)] if self.parts_from else []
+        audit = [f for step in DEFERRED_STEPS for f in ctx.removed_files(step)] if self.parts_from else []
         if self.parts_from:
             found = removed_uids(audit)
             drop = ctx.broadcast(found) if len(found) else None
@@ -78,7 +82,7 @@ class ExportStep(Step):
         removed_dir.mkdir(parents=True)
         n = 0
         for step in DEDUP_STEPS:
-            for f in ctx.rundir.removed_files(step):
+            for f in ctx.removed_files(step):
                 export_removed_part(f, str(removed_dir / f"{step}-{n:05d}.{fmt}"), fmt)
                 n += 1
         if not parts:  # one empty file with the columns, so readers of kept/ get an empty table, not an error

@@ -126,7 +126,7 @@ class FilterStep(DocumentStep):
             if not fc.keep_scores:
                 shutil.rmtree(learned_dir(ctx), ignore_errors=True)
         outputs = {
-            "examples": removed_examples(folder / "removed", ctx.rundir.folder(self.reads),
+            "examples": removed_examples(folder / "removed", ctx.folder(self.reads),
                                          audit_chars=fc.audit_text_chars),
             "rules": rule_dicts(rules),
             "scores_dir": str(cache) if fc.keep_scores else None,

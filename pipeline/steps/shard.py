@@ -84,6 +84,7 @@ def add_eod_metadata(doc: dict, eos_id: int, pad_length: int) -> None:
 
 class ShardStep(Step):
     name = "shard"
+    uses = ("tokenize", "filter")  # the tokenizer (its ids, the model file) and, for Megatron pairs, the parts and buckets
     config_sections = ("shard",)
     # hashed upstream (pack, tokenize, filter, read) or, for Megatron pairs without a pack step, by hash_extra
     config_reads = ("pack", "split", "mix", "tokenizer", "filter", "input")
@@ -154,7 +155,7 @@ class ShardStep(Step):
             if chosen.held_out is not None:
                 stats["held_out"] = {"docs_in": len(chosen.held_out.length), "tokens_in": int(chosen.held_out.length.sum()),
                                      "windows": 0}
-        held_out = ctx.rundir.folder(self.reads) / VALIDATION
+        held_out = ctx.folder(self.reads) / VALIDATION
         val_parts = sorted(str(p) for p in held_out.glob("part-*.arrow")) if held_out.is_dir() else []
         val_docs = chosen.held_out if chosen is not None and chosen.held_out is not None and len(chosen.held_out.length) \
             else None

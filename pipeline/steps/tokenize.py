@@ -208,6 +208,7 @@ class PackStep(Step):
     `pack.shuffle_documents: false` each part is packed in uid order (corpus order)."""
 
     name = "pack"
+    uses = ("filter",)  # the quality buckets a mixture weighs (the filter's parts)
     config_sections = ("pack",)
     # split and mix: hash_extra when used; filter (bucket names) and input (paths in the plan) hashed upstream
     config_reads = ("split", "mix", "filter", "input")
@@ -334,7 +335,7 @@ class PackStep(Step):
                 f"range-partitioned in {pack.ORDER_BUCKETS} key buckets) -> {len(plans)} groups of about "
                 f"{PACK_GROUP_TOKENS:,} ids")
         names = [f"part-{i:0{width}d}.arrow" for i in range(len(plans))]
-        rel = [os.path.relpath(folder / name, ctx.rundir.folder(self.name)) for name in names]
+        rel = [os.path.relpath(folder / name, ctx.folder(self.name)) for name in names]
         results = ctx.run_parts([(r.replace(os.sep, "__"), delayed(_timed)(pack.pack_range, parts, files, remaps, plan,
                                                                           window, pc.remainder, pad_id, str(folder / name),
                                                                           dask_key_name=f"{label.replace(' ', '-')}-group-{i}"),
@@ -357,7 +358,7 @@ class PackStep(Step):
                 f"{len(groups)} groups of about {PACK_GROUP_TOKENS:,} ids")
         names = [f"part-{i:0{width}d}.arrow" for i in range(len(groups))]
         # a task's key and files are relative to the step's folder (the validation set packs into a subfolder)
-        rel = [os.path.relpath(folder / name, ctx.rundir.folder(self.name)) for name in names]
+        rel = [os.path.relpath(folder / name, ctx.folder(self.name)) for name in names]
         results = ctx.run_parts([(r.replace(os.sep, "__"), delayed(_timed)(pack.pack_group, parts, g, window, pc.mode,
                                                                           pc.remainder, pad_id, str(folder / name),
                                                                           dask_key_name=f"{label.replace(' ', '-')}-group-{i}"),

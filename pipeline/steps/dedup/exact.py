@@ -42,7 +42,7 @@ class ExactDedupStep(removal.DedupStep):
         # near dedup follows (and does not take its signatures from reference_dedup): make them in this pass
         near = (dc.minhash.enabled or dc.simhash.enabled) and not (dc.reference and dc.minhash.enabled)
         spec = signatures.signature_spec(ctx.cfg, self.normalize_opts, exact=True, near=near)
-        sig_dir = ctx.rundir.folder(self.reads) / near_dedup.SIGNATURES
+        sig_dir = ctx.folder(self.reads) / near_dedup.SIGNATURES
         if self.reads == "read" and signatures.reusable(sig_dir, spec, parts, full=True):
             sig_files = [str(sig_dir / Path(p).name) for p in parts]  # the read step signed its parts
             n_docs = sum(pq.read_metadata(f).num_rows for f in sig_files)

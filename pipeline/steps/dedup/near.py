@@ -21,6 +21,9 @@ from .simhash_edges import simhash_edges
 
 class NearDedupStep(removal.DedupStep):
     name = "near_dedup"
+    # exact dedup's removed rows and the signatures its pass (or a dedup job's read pass, or reference
+    # dedup) made for these documents
+    uses = ("exact_dedup", "read", "reference_dedup")
     kind = "near"
     names_keepers = True  # its duplicate_of is a document of this run (reference dedup's is an earlier run's)
     outputs = {"examples": list, "largest_clusters": list}
@@ -50,13 +53,16 @@ class NearDedupStep(removal.DedupStep):
         # a dedup job's export drops both sets as it writes kept/ (the plan sets it): this step only finds
         self.defer_removal = defer_removal
 
+    def reads_steps(self) -> set[str]:
+        return super().reads_steps() | ({self.parts_from} if self.parts_from else set())
+
     def _from_exact(self, ctx: StepContext, parts: list[str], sig_paths: list[str],
                     spec: near_dedup.SignatureSpec, exclude: Any) -> Optional[list]:
         """This run's exact dedup step made the signatures in its pass, or the read step of a dedup job
         as it read the parts (when they are of the parts this step's input came from, with the same
         settings): take the rows of the documents exact dedup kept. None when neither did."""
         owners = (["exact_dedup"] if self.reads == "exact_dedup" else []) + (["read"] if (self.parts_from or self.reads) == "read" else [])
-        folders = [ctx.rundir.folder(o) / "signatures" for o in owners]
+        folders = [ctx.folder(o) / "signatures" for o in owners]
         folder = next((f for f in folders if signatures.reusable(f, spec, parts)), None)
         if folder is None:
             return None
@@ -72,7 +78,7 @@ class NearDedupStep(removal.DedupStep):
         full = signatures.signature_spec(ctx.cfg, self.normalize_opts, exact=True,
                                          near=not (ctx.cfg.dedup.reference and ctx.cfg.dedup.minhash.enabled))
         for owner in ("exact_dedup", "read"):
-            folder = ctx.rundir.folder(owner) / "signatures"
+            folder = ctx.folder(owner) / "signatures"
             if signatures.reusable(folder, full, parts, full=True):
                 return [str(folder / Path(p).name) for p in parts]
         return None
@@ -81,7 +87,7 @@ class NearDedupStep(removal.DedupStep):
         dc = ctx.cfg.dedup
         source = self.parts_from or self.reads
         parts = ctx.parts(source)
-        pending = removal.removed_uids(ctx.rundir.removed_files("exact_dedup")) if self.parts_from else None
+        pending = removal.removed_uids(ctx.removed_files("exact_dedup")) if self.parts_from else None
         exclude = ctx.broadcast(pending) if pending is not None and len(pending) else None
         nparts = max(1, len(parts))
         spec = self.signature_spec(ctx.cfg)

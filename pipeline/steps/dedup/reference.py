@@ -69,6 +69,7 @@ class DedupIndexStep(Step):
     """dedup.write_index: this run's dedup as an index a later run can reference (see the module)."""
 
     name = "dedup_index"
+    uses = ("exact_dedup", "near_dedup")  # their removed rows (the keepers) and near dedup's signatures
     config_reads = ("normalize",)  # in a run job, the normalisation its exact hashes were made under (hashed upstream)
     config_sections = ("dedup",)
     counters = ("documents", "exact", "near")
@@ -78,6 +79,9 @@ class DedupIndexStep(Step):
         # the steps whose parts this run's exact and near dedup read (None: that dedup is off)
         self.exact_reads, self.near_reads, self.normalize_opts = exact_reads, near_reads, normalize_opts
         self.near = near_reads is not None
+
+    def reads_steps(self) -> set[str]:
+        return super().reads_steps() | {s for s in (self.exact_reads, self.near_reads) if s}
 
     def summary(self, s: dict) -> str:
         return f"index of {s['documents']} documents (exact hashes: {s['exact']}, MinHash signatures: {s['near']})"
@@ -96,7 +100,7 @@ class DedupIndexStep(Step):
             documents = int(sum(counts))
             index["exact"] = {"folder": "exact", **_exact_fingerprint(self.normalize_opts, cfg)}
         if self.near and cfg.dedup.minhash.enabled:
-            sig_dir = ctx.rundir.folder("near_dedup") / "signatures"  # reused by later runs as they are
+            sig_dir = ctx.folder("near_dedup") / "signatures"  # reused by later runs as they are
             index["near"] = {"signatures": [str(p.relative_to(ctx.rundir.root)) for p in sorted(sig_dir.glob("*.parquet"))],
                              # the texts the signatures were made from (exact verification of candidates)
                              "texts": [str(Path(p).relative_to(ctx.rundir.root)) for p in ctx.parts(self.near_reads)],
@@ -104,7 +108,7 @@ class DedupIndexStep(Step):
         keepers = []
         steps = (["exact_dedup"] if self.exact_reads else []) + (["near_dedup"] if self.near else [])
         for step in steps:
-            files = ctx.rundir.removed_files(step)
+            files = ctx.removed_files(step)
             if files:
                 keepers.append(read_table(files, columns=["uid", "duplicate_of", "duplicate_of_id"]).to_pandas())
         frame = (pd.concat(keepers, ignore_index=True).drop_duplicates("uid", keep="last") if keepers
@@ -455,7 +459,7 @@ def reused_signatures(ctx: StepContext, parts: list[str], sig_paths: list[str], 
     """When this run's reference_dedup already computed the signatures (with the same settings), the
     near dedup step takes its documents' rows from them instead of computing them again; None when it
     cannot (no reference step, or a part it did not see)."""
-    folder = ctx.rundir.folder("reference_dedup") / "signatures"
+    folder = ctx.folder("reference_dedup") / "signatures"
     if not cfg_has_reference(ctx) or not folder.is_dir():
         return None
     sources = [folder / Path(p).name for p in parts]

@@ -337,7 +337,7 @@ def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, An
     audit = [folder]
     if pending is not None:  # the exact step's removal is deferred to this pass: its audit texts too
         drop = np.union1d(drop, pending)
-        audit.append(ctx.rundir.folder("exact_dedup"))
+        audit.append(ctx.folder("exact_dedup"))
     if counted_from is not None:
         passed = passed_on(ctx, counted_from, drop)
     else:
@@ -346,7 +346,7 @@ def finish_near(ctx: StepContext, folder: Path, source: str, stats: dict[str, An
     stats["by_group"] = passed.get("by_group", {})
     reasons = table.column("reason").to_pandas().value_counts().to_dict() if table is not None else {}
     stats["removed"] = {str(k): int(v) for k, v in reasons.items()}
-    exact_files = ctx.rundir.removed_files("exact_dedup")
+    exact_files = ctx.removed_files("exact_dedup")
     if exact_files:  # an exact duplicate of a document removed here names that document's keeper
         near = (table.select(["uid", "duplicate_of", "duplicate_of_id"]).to_pandas() if table is not None
                 else pd.DataFrame({"uid": [], "duplicate_of": [], "duplicate_of_id": []}))
