@@ -31,7 +31,16 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput"):
         from corpusmill.stages.precompile import precompile
 
+        cache = Path(__file__).resolve().parents[1] / "stages" / "__pycache__"
+        cold = not (cache.is_dir() and any(cache.glob("*.nbi")))
         precompile()
+        if cold:  # a fresh clone: the index files precompile wrote, before any test compiles more (test_precompile)
+            import tempfile
+
+            fd, listing = tempfile.mkstemp(prefix="corpusmill-precompiled-", suffix=".txt")
+            with os.fdopen(fd, "w") as f:
+                f.write("\n".join(sorted(p.name for p in cache.rglob("*.nbi"))))
+            os.environ["CORPUSMILL_TEST_COLD_PRECOMPILE"] = listing
 
 
 @pytest.fixture(scope="session")
