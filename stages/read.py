@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import codecs
 import fnmatch
+import functools
 import io
 import json
 import os
@@ -42,7 +43,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,7 +55,6 @@ from .base import DOC_SCHEMA, merge_stats, write_table_atomic
 from .composition import group_counts
 from .quality import script_language
 
-SUFFIXES = (".jsonl.gz", ".jsonl.zst", ".jsonl", ".parquet", ".txt", ".warc.gz", ".warc", ".html", ".htm")
 WEB_SUFFIXES = (".warc.gz", ".warc", ".html", ".htm")  # pages: decoded and extracted by stages/html.py (Resiliparse)
 MAX_LINES_PER_FILE = 1 << 32  # uid = file_index << 32 | line
 SNIPPET_CHARS = 200
@@ -92,7 +92,7 @@ def _safe_text(text: str) -> str:
 
 def file_kind(path: str) -> Optional[str]:
     lower = path.lower()
-    for suffix in SUFFIXES:
+    for suffix in suffixes():
         if lower.endswith(suffix):
             return suffix.lstrip(".")
     return None
@@ -255,7 +255,7 @@ def expand_inputs(patterns: list[str]) -> list[str]:
             matches = list(_walk_files(pattern, set()))
         elif os.path.lexists(pattern):
             if file_kind(pattern) is None:
-                raise InputError(f"input {display_path(pattern)}: unsupported file type (expected one of {', '.join(SUFFIXES)})")
+                raise InputError(f"input {display_path(pattern)}: unsupported file type (expected one of {', '.join(suffixes())})")
             matches = [pattern]
         else:
             raise InputError(f"input path {display_path(pattern)} does not exist")
@@ -269,7 +269,7 @@ def expand_inputs(patterns: list[str]) -> list[str]:
                 keys[p] = key
                 n += 1
         if not n:
-            raise InputError(f"input {display_path(pattern)} matches no {'/'.join(SUFFIXES)} files")
+            raise InputError(f"input {display_path(pattern)} matches no {'/'.join(suffixes())} files")
     paths_of: dict[tuple[int, int], list[str]] = {}
     for p, key in keys.items():
         paths_of.setdefault(key, []).append(p)
@@ -288,10 +288,10 @@ def _expand_url(pattern: str) -> list[str]:
         raise InputError(str(e)) from None
     for url in found:
         if file_kind(url) is None:
-            raise InputError(f"input {url}: unsupported file type (expected one of {', '.join(SUFFIXES)})")
+            raise InputError(f"input {url}: unsupported file type (expected one of {', '.join(suffixes())})")
     if not found:
         if _has_magic(pattern.split("://", 1)[1]):
-            raise InputError(f"input {pattern} matches no {'/'.join(SUFFIXES)} objects")
+            raise InputError(f"input {pattern} matches no {'/'.join(suffixes())} objects")
         raise InputError(f"input {pattern} does not exist (no such object or prefix)")
     return found
 
@@ -607,7 +607,7 @@ def _describe_type(value: Any) -> str:
 
 def _default_source(path: str) -> str:
     name = display_path(os.path.basename(path))
-    for suffix in SUFFIXES:
+    for suffix in suffixes():
         if name.lower().endswith(suffix):
             return name[: -len(suffix)]
     return name
@@ -1190,8 +1190,149 @@ def _parquet_rows(seg: Segment, opts: ReadOptions, writer: _PartWriter, sink: _S
         writer.add(base | line, doc_id, text, source, meta_json)
 
 
-_READERS = {"jsonl": _read_jsonl, "jsonl.gz": _read_jsonl, "jsonl.zst": _read_jsonl, "txt": _read_txt, "parquet": _read_parquet,
-            "warc": _read_warc, "warc.gz": _read_warc, "html": _read_html, "htm": _read_html}
+# ---- input formats: the registry ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class InputFormat:
+    """One kind of input file: the suffixes that name it and the function that reads a segment of one.
+    `read(seg, opts, writer, sink, stats)` is the built-in readers' contract; a new format written
+    with `records_format` only turns a file's bytes into `Record`s and `BadRecord`s."""
+
+    name: str
+    suffixes: tuple[str, ...]  # with the dot, lowercase: ".jsonl.gz"
+    read: Callable[..., None]
+
+
+@dataclass
+class Record:
+    """A document a `records_format` parser found: `line` is its number in the file (1, 2, ...;
+    unique and below 2**32, it fixes the uid); id and source default as for JSONL."""
+
+    line: int
+    text: Any
+    id: Optional[str] = None
+    source: Optional[str] = None
+    meta: Optional[dict] = None
+
+
+@dataclass
+class BadRecord:
+    """A record a parser could not take: quarantined with its line, code and detail."""
+
+    line: int
+    code: str
+    detail: str
+    raw: bytes = b""
+
+
+_FORMATS: dict[str, InputFormat] = {}  # suffix -> format
+ENTRY_POINT_GROUP = "corpusmill.input_formats"  # a package's entry point here registers its formats on load
+_plugins_loaded = False
+
+
+def register_format(fmt: InputFormat) -> InputFormat:
+    """Make `fmt`'s suffixes readable input (a module in this family, or a package's entry point,
+    calls it on import). A suffix already taken by another format is refused."""
+    for suffix in fmt.suffixes:
+        if not suffix.startswith(".") or suffix != suffix.lower():
+            raise ValueError(f"input format {fmt.name}: suffix {suffix!r} must start with '.' and be lowercase")
+        taken = _FORMATS.get(suffix)
+        if taken is not None and taken.name != fmt.name:
+            raise ValueError(f"input format {fmt.name}: suffix {suffix} is already read by {taken.name}")
+    for suffix in fmt.suffixes:
+        _FORMATS[suffix] = fmt
+    return fmt
+
+
+def _load_plugins() -> None:
+    """Import every installed package's `corpusmill.input_formats` entry point once per process (the
+    driver and each Dask worker find the same ones); one that fails to load is named, not skipped."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken plugin ends in one line naming it
+            raise InputError(f"input format plugin {ep.name} ({ep.value}) cannot be loaded: {type(e).__name__}: {e}") from None
+
+
+def input_formats() -> dict[str, InputFormat]:
+    """suffix -> InputFormat, the built-in ones and every plugin's."""
+    _load_plugins()
+    return dict(_FORMATS)
+
+
+def suffixes() -> tuple[str, ...]:
+    """Every readable suffix, longest first (".jsonl.gz" is tried before a plugin's ".gz")."""
+    return tuple(sorted(input_formats(), key=lambda s: (-len(s), s)))
+
+
+def records_format(name: str, suffixes: tuple[str, ...],
+                   parse: Callable[[bytes, str], Iterable["Record | BadRecord"]]) -> InputFormat:
+    """An InputFormat from a parser of whole files: `parse(data, path)` yields a Record per document
+    and a BadRecord per record it cannot take. The reader does the rest as for the built-in formats:
+    the sample, the uid (file index and line), input.max_record_mb, quarantine of a text that is not a
+    string, and a parser that raises part-way costs only the rest of its file (lost input, with the
+    error), never the job."""
+    return InputFormat(name, tuple(s.lower() for s in suffixes), functools.partial(_read_records, parse))
+
+
+def _read_records(parse: Callable, seg: Segment, opts: ReadOptions, writer: "_PartWriter", sink: "_Sink",
+                  stats: dict) -> None:
+    base = seg.file_index << 32
+    try:
+        with storage.open_input(seg.path) as f:
+            data = f.read()
+    except OSError as e:
+        sink.add(_lost_input(seg, 0, _Damage("unreadable_file", f"cannot read: {e.strerror or e}", 0)))
+        return
+    last = 0
+    try:
+        for item in parse(data, seg.path):
+            line = int(item.line)
+            if not 0 < line < MAX_LINES_PER_FILE:
+                raise ValueError(f"record line {line} is outside 1..{MAX_LINES_PER_FILE - 1}")
+            last = max(last, line)
+            uid = base | line
+            if not opts.sampled(uid):
+                stats["not_sampled"] += 1
+                continue
+            stats["docs_in"] += 1
+            if isinstance(item, BadRecord):
+                stats["bytes_in"] += len(item.raw)
+                sink.add(_Quarantine(seg.path, line, uid, item.code, item.detail, item.raw))
+                continue
+            if not isinstance(item.text, str):
+                sink.add(_Quarantine(seg.path, line, uid, "invalid_text",
+                                     f"text is {_describe_type(item.text)}, not a string"))
+                continue
+            raw = _safe_text(item.text).encode("utf-8")
+            stats["bytes_in"] += len(raw)
+            if opts.max_record_bytes is not None and len(raw) > opts.max_record_bytes:
+                sink.add(_too_large(seg.path, line, uid, len(raw), opts, raw[:OVERSIZE_HEAD], "record"))
+                continue
+            try:
+                meta = json.dumps(item.meta, ensure_ascii=False, default=str) if item.meta else None
+            except (ValueError, RecursionError) as e:
+                sink.add(_Quarantine(seg.path, line, uid, "unencodable_record", f"record cannot be stored: {e}", raw))
+                continue
+            doc_id = str(item.id) if item.id is not None else f"{display_path(seg.path)}:{line}"
+            source = str(item.source) if item.source is not None else _default_source(seg.path)
+            writer.add(uid, doc_id, raw.decode("utf-8"), source, meta)
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a parser that fails costs the rest of its file, not the job
+        sink.add(_lost_input(seg, last, _Damage("reader_error", f"{type(e).__name__}: {e}", 0)))
+
+
+for _fmt in (InputFormat("jsonl", (".jsonl", ".jsonl.gz", ".jsonl.zst"), _read_jsonl),
+             InputFormat("parquet", (".parquet",), _read_parquet), InputFormat("txt", (".txt",), _read_txt),
+             InputFormat("warc", (".warc", ".warc.gz"), _read_warc), InputFormat("html", (".html", ".htm"), _read_html)):
+    register_format(_fmt)
 
 
 def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str, writer: Optional[_PartWriter] = None) -> dict:
@@ -1207,7 +1348,7 @@ def read_unit(unit: ReadUnit, opts: ReadOptions, out_dir: str, writer: Optional[
     for seg in unit.segments:
         if seg.start == 0:
             stats["files"] += 1
-        _READERS[seg.kind](seg, opts, writer, sink, stats)
+        input_formats()["." + seg.kind].read(seg, opts, writer, sink, stats)
     writer.flush()
     q = [x.record() for x in sink.rows]
     quarantined = sum(x.documents for x in sink.rows)
