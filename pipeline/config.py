@@ -530,9 +530,21 @@ class FilterConfig(_Section):
         "character, whitespace runs and newlines as one space). Scores are kept apart from the decision in "
         "02-filter.classifier-scores/ (a threshold change reuses them); documents the heuristic rules keep are then "
         "decided by them (reason classifier:NAME).")
+    rules: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Quality rule families added by modules (stages/quality_rules.py's "
+        "registry, or a package's corpusmill.quality_rules entry point): {NAME: {setting: value}}, {} for a family's "
+        "defaults. Each scores the documents with its own columns (stored with the others) and its rules are tried "
+        "after the ones above, in the order given here; a name nothing registered is refused.")
     classifier_combine: ClassifierCombineConfig = Field(
         default_factory=ClassifierCombineConfig, description="How several classifiers decide together (mode all | "
         "any | mean); with mean, the threshold or buckets of the mean go here, not on the classifiers.")
+
+    @field_validator("rules")
+    @classmethod
+    def _registered_rules(cls, v: dict) -> dict:
+        from corpusmill.stages import quality_rules
+
+        return quality_rules.validate(v)
 
     @model_validator(mode="after")
     def _unique_override_names(self) -> "FilterConfig":
@@ -1149,7 +1161,7 @@ class Config(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
-_HASHED_WHEN_SET: dict[tuple[str, str], Any] = {("dedup", "reference"): [], ("dedup", "write_index"): False,
+_HASHED_WHEN_SET: dict[tuple[str, str], Any] = {("dedup", "reference"): [], ("filter", "rules"): {}, ("dedup", "write_index"): False,
                                                 ("dedup", "paragraph"): ParagraphDedupConfig().model_dump(mode="json"),
                                                 ("shard", "megatron_split"): "rank",
                                                 ("pack", "rehydrate"): RehydrateConfig().model_dump(mode="json")}
@@ -1317,7 +1329,7 @@ def render_example(example_paths: Optional[list[str]] = None) -> str:
                 if isinstance(value, list):  # a list of models (pack.rehydrate.weights) as plain mappings
                     value = [v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in value]
                 dumped = yaml.safe_dump({name: value}, default_flow_style=True, allow_unicode=True, width=1 << 20).strip()
-                out.append(pad + dumped.strip("{}"))
+                out.append(pad + dumped[1:-1])  # the flow mapping's own braces, not an empty value's
 
     cfg = Config()
     if example_paths:

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .base import BatchResult, REMOVED_SCHEMA, one_array, read_table, removed_frame, write_table_atomic
+from . import quality_rules
 from .boilerplate import strip_lines_array
 from .quality import decide, detected_language, dominant_script, score_texts
 
@@ -24,7 +25,7 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
                  score_options: Optional[dict] = None, audit_text_chars: Optional[int] = 2000,
                  name_lines: Optional[list[int]] = None, overrides: Optional[list[dict]] = None,
                  blocked: Optional[dict] = None, language: Optional[dict] = None,
-                 classifiers: Optional[dict] = None) -> BatchResult:
+                 classifiers: Optional[dict] = None, rule_scores: Optional[list[str]] = None) -> BatchResult:
     """Clean, score (or load the scores of) and decide one partition; the first failing rule is
     each removed document's reason, with its score, threshold and text (its first
     `audit_text_chars` characters, as it came in).
@@ -37,6 +38,7 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
     `blocked` ({terms, sha256}): scores blocked_words / blocked_words_per_1k (stages.blocklist).
     `language` ({max_chars, keep, min_score}): scores language / language_score with the shipped
     fastText model (stages.langid); the language then stands for the script heuristic's `lang`.
+    `rule_scores`: the registered rule families (stages.quality_rules) whose columns are scored too.
     `classifiers` ({scores_path, rules, combine, mean_of}, see steps/filter.classify): the documents the
     rules keep are then decided by the stored classifier scores (stages.classifier.decide); kept ones
     carry their quality_bucket, and the stats count buckets per source and hold examples either side
@@ -56,6 +58,8 @@ def filter_batch(df: pd.DataFrame, rules: list, drop_lines: Optional[dict] = Non
         scores = scores.drop(columns=["uid", "lines_removed"])
     else:
         scores = score_in_chunks(texts, options)
+        for column, values in quality_rules.scores(texts, rule_scores or []).items():
+            scores[column] = values
         scores = _model_scores(scores, texts, blocked, language, _read_languages(df) if language else None)
         scores = _rescore_overrides(scores, texts, src, overrides, options)
         if "language" in scores:  # an override's rescoring put the heuristic back

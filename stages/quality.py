@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import quality_loops
+from . import quality_loops, quality_rules
 from .base import one_array
 from .boilerplate import line_trim_table
 from .shingles import PUNCT, _drop_table, utf8_buffers
@@ -394,6 +394,7 @@ def rule_table(fc) -> list[tuple]:
                   ("few_terminal_lines", "terminal_line_share", "min", C.min_terminal_line_share,
                    "all" if C.terminal_punctuation_for_zh else "non_zh"),
                   ("short_lines", "short_line_share", "max", C.max_short_line_share, "all")]
+    rules += quality_rules.rule_tuples(getattr(fc, "rules", None) or {})  # the registered families filter.rules names
     return [(*r, None) if len(r) == 5 else r for r in rules if r[3] is not None]
 
 
@@ -478,8 +479,9 @@ def decide(scores: pd.DataFrame, rules: list, keep_scripts: Optional[list[str]] 
 
 
 def describe_rules() -> dict[str, str]:
-    """Reason code -> what it means, for the report."""
-    return {
+    """Reason code -> what it means, for the report (the registered rule families' too)."""
+    added = {k: v for rule in quality_rules.registered().values() for k, v in rule.reasons.items()}
+    return {**added,
         "too_few_chars": "fewer non-space characters than filter.length.min_chars",
         "too_few_words": "fewer words (a CJK character counts as one) than filter.length.min_words",
         "too_many_chars": "more characters than filter.length.max_chars",

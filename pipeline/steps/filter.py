@@ -14,7 +14,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 from dask import delayed
 
-from corpusmill.stages import blocklist, boilerplate, filters, normalize, quality
+from corpusmill.stages import blocklist, boilerplate, filters, normalize, quality, quality_rules
 from corpusmill.stages import classifier as clf
 from corpusmill.stages.base import merge_stats, read_table, write_json_atomic, write_table_atomic
 
@@ -67,6 +67,8 @@ class FilterStep(DocumentStep):
         extra = [ctx.link(self.reads), fc.boilerplate_lines.model_dump(), options, quality.SCORES_VERSION]
         if blocked or language:  # what the model scores depend on (keep and min_score only decide)
             extra.append([blocked and blocked["sha256"], language and language["max_chars"]])
+        if fc.rules:  # the registered families' columns, by version (their settings only decide)
+            extra.append(quality_rules.versions(list(fc.rules)))
         if any(o["score_options"] for o in plan):  # which documents are rescored depends on every match before
             extra.append([[o["source"], o["language"], o["script"], o["score_options"]] for o in plan])
         scoring_hash = ctx.cfg.section_hash(extra=extra)
@@ -90,6 +92,8 @@ class FilterStep(DocumentStep):
                       "audit_text_chars": fc.audit_text_chars,
                       "name_lines": name_lines,
                       "scores_path": str(cache / Path(p).name) if fc.keep_scores else None, "reuse_scores": reuse}
+            if fc.rules:
+                kwargs["rule_scores"] = list(fc.rules)
             if blocked:
                 kwargs["blocked"] = blocked
             if language:
