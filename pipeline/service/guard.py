@@ -45,6 +45,9 @@ PATH_FIELDS: dict[tuple[str, ...], str] = {
     ("filter", "blocked_words", "file"): "file",  # the user's word list
 }
 NOT_PATHS: set[tuple[str, ...]] = {
+    # a registered rule family's settings (stages/quality_rules.py): numbers and words the family decides
+    # with; a family that needs files brings them in its own package, the guard resolves no path in them
+    ("filter", "rules"),
     ("input", "text_field"), ("input", "id_field"), ("input", "source_field"), ("input", "on_error"),
     ("dedup", "keep"), ("dedup", "keep_field"), ("dedup", "keep_order"), ("dedup", "shingling", "unit"),
     ("dedup", "simhash", "unit"), ("dedup", "paragraph", "keep"),
