@@ -779,10 +779,11 @@ class TokenizerConfig(_Section):
     max_unk_rate: float = Field(
         0.01, ge=0, le=1, description="Refuse the tokenizer when more of a sample's tokens than this are <unk>."
     )
-    fast_encode: bool = Field(True, description="Encode through the exact piece cache (each whitespace-led piece "
+    fast_encode: bool = Field(True, description="Encode through the exact piece cache (each piece no merge crosses "
                               "encoded once by the tokenizer itself, its ids reused) where the model's settings allow "
-                              "it; false, or a model whose settings it cannot reproduce (the log says why): the plain "
-                              "encoder.")
+                              "it: SentencePiece BPE, and byte-level BPE tokenizer.json with the GPT-2, Llama-3 or Qwen2 "
+                              "pre-tokenizer; false, or a model whose settings it cannot reproduce (the log says why): "
+                              "the plain encoder.")
     verify_sample: int = Field(32, ge=0, le=1 << 20, description="Documents of each part (a seeded sample) encoded again "
                                "by the plain encoder and compared with the fast path's ids, within 2% of the part's characters "
                                "(at least 64 Ki; a part of books checks the start of one); any difference fails the run. "

@@ -113,15 +113,11 @@ def _rehash(k_hash: np.ndarray, n_pieces: int, size: int) -> np.ndarray:
 
 
 @nb.njit(cache=True, nogil=True)
-def _cut_and_look_up(cps, doc_starts, table, bits, known, byte_fallback, max_key,
-                     slots, k_hash, k_start, k_len, keys, n_pieces, n_keys):
+def _bigram_cuts(cps, doc_starts, table, bits, known, byte_fallback):
     """Cut the documents (code points `cps`, starts `doc_starts`) between every two characters whose
-    bigram is in no piece (`table`) and, without byte fallback, one of which is a known character;
-    look every segment of at most `max_key` characters up in the piece cache, adding the new ones
-    (their ids are filled in by the caller). Returns (segment starts with the end appended, first
-    segment of each document with the count appended, piece index of each segment or -1 for a
-    longer one, the first segment of each new piece, hits, and the cache arrays and counts, grown
-    when needed)."""
+    bigram is in no piece (`table`) and, without byte fallback, one of which is a known character.
+    Returns (segment starts with the end appended, first segment of each document with the count
+    appended)."""
     n_docs = doc_starts.size - 1
     starts = np.empty(cps.size + 1, dtype=np.int64)
     doc_seg = np.empty(n_docs + 1, dtype=np.int64)
@@ -153,6 +149,16 @@ def _cut_and_look_up(cps, doc_starts, table, bits, known, byte_fallback, max_key
             k += 1
     doc_seg[n_docs] = k
     starts[k] = cps.size
+    return starts[: k + 1], doc_seg
+
+
+@nb.njit(cache=True, nogil=True)
+def look_up(cps, starts, max_key, slots, k_hash, k_start, k_len, keys, n_pieces, n_keys):
+    """Look every segment (`starts`, the end appended) of at most `max_key` code points up in the
+    piece cache, adding the new ones (their ids are filled in by the caller). Returns (piece index of
+    each segment or -1 for a longer one, the first segment of each new piece, hits, and the cache
+    arrays and counts, grown when needed)."""
+    k = starts.size - 1
     idx = np.empty(k, dtype=np.int64)
     new_seg = np.empty(k, dtype=np.int64)
     n_new = 0
@@ -212,8 +218,7 @@ def _cut_and_look_up(cps, doc_starts, table, bits, known, byte_fallback, max_key
         else:
             hits += 1
         idx[g] = j
-    return (starts[: k + 1], doc_seg, idx, new_seg[:n_new], hits, slots, k_hash, k_start, k_len, keys, n_pieces,
-            n_keys)
+    return idx, new_seg[:n_new], hits, slots, k_hash, k_start, k_len, keys, n_pieces, n_keys
 
 
 @nb.njit(cache=True, nogil=True)
@@ -272,46 +277,29 @@ def model_settings(proto) -> Settings:  # noqa: ANN001 - a sentencepiece_model_p
                     t.byte_fallback, types.count(_USER_DEFINED), types.count(_UNUSED))
 
 
-class PieceCache:
-    """The fast encoder of one SentencePiece BPE model (build it with `build`, which may decline)."""
+class CachedEncoder:
+    """A bounded per-process cache of piece -> ids over compiled cutting: a subclass cuts texts into
+    pieces no merge crosses (`_segments`) and encodes a new piece with its tokenizer (`_encode_pieces`);
+    texts a subclass cannot cut go to the plain encoder (`_plain`) in the same batch (`_encode_flat`)."""
 
-    def __init__(self, sp, proto, max_key: int = MAX_KEY, max_pieces: int = MAX_PIECES) -> None:  # noqa: ANN001
-        import sentencepiece as spm
-
-        self.sp = sp
-        self.settings = model_settings(proto)
-        oracle = type(proto)()
-        oracle.CopyFrom(proto)
-        norm = oracle.normalizer_spec
-        norm.name = "identity"
-        norm.precompiled_charsmap = b""
-        norm.normalization_rule_tsv = ""
-        norm.add_dummy_prefix = False
-        norm.remove_extra_whitespaces = False
-        self.oracle = spm.SentencePieceProcessor(model_proto=oracle.SerializeToString())
-        bigrams, known = set(), np.zeros(0x110000, dtype=np.bool_)
-        for p in proto.pieces:
-            if p.type not in (_NORMAL, _USER_DEFINED, _UNUSED):
-                continue
-            s = p.piece
-            if len(s) == 1:
-                known[ord(s)] = True
-            for a, b in zip(s, s[1:]):
-                bigrams.add((ord(a) << 21) | ord(b))
-        keys = np.fromiter(bigrams, dtype=np.uint64, count=len(bigrams))
-        self.bits = max(4, int(np.ceil(np.log2(max(1, 2 * len(keys))))) + 1)
-        self.table = _fill_table(keys, self.bits)
-        self.known = known
-        self.bigrams = len(keys)
+    def __init__(self, max_key: int, max_pieces: int) -> None:
         self.max_key, self.max_pieces = max_key, max_pieces
-        st = self.settings
-        # the identity normalizer without whitespace removal is a space -> U+2581 map and the dummy
-        # prefix: done here over code points; any other normalizer is SentencePiece's own normalize()
-        self.plain_normalizer = (st.normalizer == "identity" and not proto.normalizer_spec.precompiled_charsmap
-                                 and not proto.normalizer_spec.normalization_rule_tsv
-                                 and not st.remove_extra_whitespaces and proto.normalizer_spec.escape_whitespaces)
-        self.stats = {"lookups": 0, "hits": 0, "pieces_encoded": 0, "long_pieces": 0, "cache_clears": 0}
+        self.stats = {"lookups": 0, "hits": 0, "pieces_encoded": 0, "long_pieces": 0, "cache_clears": 0,
+                      "plain_docs": 0}
         self._clear()
+
+    def _segments(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(code points of the texts as the tokenizer sees them, segment starts with the end appended,
+        first segment of each text with the count appended)."""
+        raise NotImplementedError
+
+    def _encode_pieces(self, pieces: list[str]) -> list:
+        """The ids (a list each) of pieces, by the tokenizer itself."""
+        raise NotImplementedError
+
+    def _plain(self, texts: list[str]) -> list:
+        """The ids (a list each) of whole texts by the plain encoder (texts the cutting does not cover)."""
+        raise NotImplementedError
 
     def _clear(self) -> None:
         """An empty cache (also when it passed `max_pieces`: cleared whole, the simplest bound)."""
@@ -342,49 +330,60 @@ class PieceCache:
         self.p_ids[self.n_ids:self.n_ids + flat.size] = flat
         self.n_ids += flat.size
 
-    def _points(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The normalized texts as one uint32 code point array, and each text's start (end appended)."""
-        if self.plain_normalizer:
-            raw = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
-            raw_starts = np.zeros(len(texts) + 1, dtype=np.int64)
-            np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), out=raw_starts[1:])
-            dummy = self.settings.add_dummy_prefix
-            suffix = self.settings.treat_whitespace_as_suffix
-            return _identity_points(raw, raw_starts, 0x2581, dummy and not suffix, dummy and suffix)
-        normalized = self.sp.normalize(texts)
-        starts = np.zeros(len(texts) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, normalized), dtype=np.int64, count=len(texts)), out=starts[1:])
-        return np.frombuffer("".join(normalized).encode("utf-32-le"), dtype=np.uint32), starts
-
     def encode_flat(self, texts: list[str], bos_id: int = -1, eos_id: int = -1) -> tuple[np.ndarray, np.ndarray]:
         """(lengths int32, ids int32 end to end) of `texts`, identical to the plain encoder's, with
         `bos_id` / `eos_id` around each text when >= 0."""
+        return self._encode_flat(texts, texts, [], bos_id, eos_id)
+
+    def _encode_flat(self, texts: list[str], raw: list[str], bypass: list[int], bos_id: int,
+                     eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_flat` of `texts` as the cutting sees them (normalized), the texts `bypass` names
+        encoded from `raw` by the plain encoder."""
         if not texts:
             return np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int32)
+        if bypass:
+            return self._mixed(texts, raw, bypass, bos_id, eos_id)
         if self.n_pieces > self.max_pieces:
             self._clear()
             self.stats["cache_clears"] += 1
-        cps, doc_starts = self._points(texts)
+        cps, starts, doc_seg = self._segments(texts)
         first = self.n_pieces
-        (starts, doc_seg, idx, new_seg, hits, self.slots, self.k_hash, self.k_start, self.k_len, self.keys,
-         self.n_pieces, self.n_keys) = _cut_and_look_up(
-            cps, doc_starts, self.table, self.bits, self.known, self.settings.byte_fallback, self.max_key,
-            self.slots, self.k_hash, self.k_start, self.k_len, self.keys, self.n_pieces, self.n_keys)
+        (idx, new_seg, hits, self.slots, self.k_hash, self.k_start, self.k_len, self.keys,
+         self.n_pieces, self.n_keys) = look_up(cps, starts, self.max_key, self.slots, self.k_hash, self.k_start,
+                                               self.k_len, self.keys, self.n_pieces, self.n_keys)
         self.stats["lookups"] += idx.size
         self.stats["hits"] += hits
         text = _Text(cps, starts)
         if new_seg.size:
-            self._store(first, self.oracle.encode(list(map(text.piece, new_seg.tolist())), num_threads=1))
+            self._store(first, self._encode_pieces(list(map(text.piece, new_seg.tolist()))))
             self.stats["pieces_encoded"] += int(new_seg.size)
         long = np.flatnonzero(idx < 0)
         kept_ids = self.n_ids
         if long.size:  # uncached: their ids go after the cached ones for this batch only
             idx[long] = np.arange(self.n_pieces, self.n_pieces + long.size)
-            self._store(self.n_pieces, self.oracle.encode(list(map(text.piece, long.tolist())), num_threads=1))
+            self._store(self.n_pieces, self._encode_pieces(list(map(text.piece, long.tolist()))))
             self.stats["long_pieces"] += int(long.size)
         lengths, values = _gather(idx, doc_seg, self.p_start, self.p_len, self.p_ids, bos_id, eos_id)
         self.n_ids = kept_ids
         return lengths, values
+
+    def _mixed(self, texts: list[str], raw: list[str], bypass: list[int], bos_id: int,
+               eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """`_encode_flat` of a batch some of whose texts go to the plain encoder, in the batch's order."""
+        plain_set = set(bypass)
+        cached = [i for i in range(len(texts)) if i not in plain_set]
+        self.stats["plain_docs"] += len(bypass)
+        per_doc: list = [None] * len(texts)
+        if cached:
+            lengths, values = self._encode_flat([texts[i] for i in cached], [], [], bos_id, eos_id)
+            for i, part in zip(cached, np.split(values, np.cumsum(lengths)[:-1])):
+                per_doc[i] = part
+        extra = [bos_id] if bos_id >= 0 else []
+        tail = [eos_id] if eos_id >= 0 else []
+        for i, ids in zip(bypass, self._plain([raw[i] for i in bypass])):
+            per_doc[i] = np.asarray(extra + list(ids) + tail, dtype=np.int32)
+        lengths = np.fromiter(map(len, per_doc), dtype=np.int32, count=len(per_doc))
+        return lengths, np.concatenate(per_doc).astype(np.int32, copy=False)
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         """Ids of each text (int32), no BOS/EOS."""
@@ -394,6 +393,70 @@ class PieceCache:
     def hit_rate(self) -> float:
         """Share of piece look-ups the cache answered."""
         return self.stats["hits"] / max(1, self.stats["lookups"])
+
+
+def text_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The texts as one uint32 code point array, and each text's start (the end appended)."""
+    starts = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), out=starts[1:])
+    return np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32), starts
+
+
+class PieceCache(CachedEncoder):
+    """The fast encoder of one SentencePiece BPE model (build it with `build`, which may decline)."""
+
+    def __init__(self, sp, proto, max_key: int = MAX_KEY, max_pieces: int = MAX_PIECES) -> None:  # noqa: ANN001
+        import sentencepiece as spm
+
+        self.sp = sp
+        self.settings = model_settings(proto)
+        oracle = type(proto)()
+        oracle.CopyFrom(proto)
+        norm = oracle.normalizer_spec
+        norm.name = "identity"
+        norm.precompiled_charsmap = b""
+        norm.normalization_rule_tsv = ""
+        norm.add_dummy_prefix = False
+        norm.remove_extra_whitespaces = False
+        self.oracle = spm.SentencePieceProcessor(model_proto=oracle.SerializeToString())
+        bigrams, known = set(), np.zeros(0x110000, dtype=np.bool_)
+        for p in proto.pieces:
+            if p.type not in (_NORMAL, _USER_DEFINED, _UNUSED):
+                continue
+            s = p.piece
+            if len(s) == 1:
+                known[ord(s)] = True
+            for a, b in zip(s, s[1:]):
+                bigrams.add((ord(a) << 21) | ord(b))
+        keys = np.fromiter(bigrams, dtype=np.uint64, count=len(bigrams))
+        self.bits = max(4, int(np.ceil(np.log2(max(1, 2 * len(keys))))) + 1)
+        self.table = _fill_table(keys, self.bits)
+        self.known = known
+        self.bigrams = len(keys)
+        st = self.settings
+        # the identity normalizer without whitespace removal is a space -> U+2581 map and the dummy
+        # prefix: done here over code points; any other normalizer is SentencePiece's own normalize()
+        self.plain_normalizer = (st.normalizer == "identity" and not proto.normalizer_spec.precompiled_charsmap
+                                 and not proto.normalizer_spec.normalization_rule_tsv
+                                 and not st.remove_extra_whitespaces and proto.normalizer_spec.escape_whitespaces)
+        super().__init__(max_key, max_pieces)
+
+    def _points(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The normalized texts as one uint32 code point array, and each text's start (end appended)."""
+        if self.plain_normalizer:
+            raw, raw_starts = text_points(texts)
+            dummy = self.settings.add_dummy_prefix
+            suffix = self.settings.treat_whitespace_as_suffix
+            return _identity_points(raw, raw_starts, 0x2581, dummy and not suffix, dummy and suffix)
+        return text_points(self.sp.normalize(texts))
+
+    def _segments(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        cps, doc_starts = self._points(texts)
+        starts, doc_seg = _bigram_cuts(cps, doc_starts, self.table, self.bits, self.known, self.settings.byte_fallback)
+        return cps, starts, doc_seg
+
+    def _encode_pieces(self, pieces: list[str]) -> list:
+        return self.oracle.encode(pieces, num_threads=1)
 
 
 class _Text:

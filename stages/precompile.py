@@ -57,7 +57,8 @@ def _dedup_loops() -> None:
 
 
 def _tokenizer_loops() -> None:
-    """The SentencePiece piece-cache encoder, on a BPE model trained here on the sample (a second)."""
+    """The piece-cache encoders: SentencePiece BPE and byte-level BPE tokenizer.json, on models trained
+    here on the sample (a second)."""
     import io
 
     import sentencepiece as spm
@@ -79,6 +80,23 @@ def _tokenizer_loops() -> None:
             if fast is None:
                 raise RuntimeError(f"precompile: the sample model has no fast path ({why})")
             fast.encode_flat(SAMPLE, 1, 2)
+    _hf_loops()
+
+
+def _hf_loops() -> None:
+    """The regex-piece cache of byte-level BPE tokenizer.json, on one trained here on the sample."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from . import pretoken_cache
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(SAMPLE * 5, trainer=trainers.BpeTrainer(
+        vocab_size=300, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast, why = pretoken_cache.build(tok)
+    if fast is None:
+        raise RuntimeError(f"precompile: the sample tokenizer.json has no fast path ({why})")
+    fast.encode_flat(SAMPLE, 1, 2)
 
 
 GROUPS = (_text_loops, _dedup_loops, _tokenizer_loops)

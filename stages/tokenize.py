@@ -306,8 +306,8 @@ def tokenize_batch(docs: pa.Table | pd.DataFrame, model_path: str, add_bos: bool
     `doc_hash`, an xxh3 of the text (the validation split's stable key: the same text falls on the
     same side in every run, whatever its file or line).
 
-    `fast_encode`: a SentencePiece BPE model whose settings allow it encodes through the exact piece
-    cache (`stages.piece_cache`); then `verify_sample` documents of the part, a seeded choice, are
+    `fast_encode`: a SentencePiece BPE model or a byte-level BPE tokenizer.json whose settings allow
+    it encodes through an exact piece cache (`stages.piece_cache`, `stages.pretoken_cache`); then `verify_sample` documents of the part, a seeded choice, are
     encoded again by the plain encoder and any difference raises FastEncodeMismatch naming the
     document. The stats say which encoder ran, why a model was declined, and the cache's hits."""
     import xxhash
@@ -328,7 +328,7 @@ def tokenize_batch(docs: pa.Table | pd.DataFrame, model_path: str, add_bos: bool
     # in creating them and again in flattening them
     fast, declined = None, ""
     if fast_encode:
-        fast, declined = (tok.fast_encoder() if isinstance(tok, kinds.SentencePieceTokenizer)  # type: ignore[attr-defined]
+        fast, declined = (tok.fast_encoder() if hasattr(tok, "fast_encoder")  # type: ignore[attr-defined]
                           else (None, f"{tok.kind} tokenizers have no exact fast path yet"))
     encoder = fast or tok
     before = dict(fast.stats) if fast else {}
@@ -352,7 +352,7 @@ def tokenize_batch(docs: pa.Table | pd.DataFrame, model_path: str, add_bos: bool
         stats["fast_declined"] = declined
     if fast:
         stats["fast_cache"] = {k: fast.stats[k] - before.get(k, 0) for k in ("lookups", "hits", "pieces_encoded",
-                                                                              "long_pieces", "cache_clears")}
+                                                                              "long_pieces", "cache_clears", "plain_docs")}
         stats["verified_docs"] = verify_fast(tok, texts, uids, offsets, values, add_bos and bos >= 0,
                                              add_eos and eos >= 0, verify_sample, fast)
     if len(extra) == 2:
@@ -411,7 +411,7 @@ def _compare(got: np.ndarray, want: np.ndarray, uid: int, what: str = "") -> Non
     if got.size != want.size or not np.array_equal(got, want):
         k = next((j for j, (a, b) in enumerate(zip(got.tolist(), want.tolist())) if a != b), min(got.size, want.size))
         raise FastEncodeMismatch(
-            f"tokenize: the fast encoder's ids for document uid {uid}{what} differ from SentencePiece's from token "
+            f"tokenize: the fast encoder's ids for document uid {uid}{what} differ from the plain encoder's from token "
             f"{k} on ({got.size} ids against {want.size}); set tokenizer.fast_encode: false and report this document")
 
 

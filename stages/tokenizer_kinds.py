@@ -243,6 +243,16 @@ class HFTokenizer(Tokenizer):
             except (OSError, ValueError) as e:
                 raise TokenizerFormatError(f"{cfg} is not valid JSON: {e}") from None
         self._encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)  # no offsets when available
+        self._fast: Optional[tuple] = None
+
+    def fast_encoder(self) -> tuple:
+        """(the exact regex-piece cache encoder, "") or (None, why the tokenizer is declined), built
+        once per process (`stages.pretoken_cache`)."""
+        if self._fast is None:
+            from . import pretoken_cache
+
+            self._fast = pretoken_cache.build(self.tok)
+        return self._fast
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         return [np.array(e.ids, dtype=np.int32) for e in self._encode(texts, add_special_tokens=False)]
@@ -298,6 +308,16 @@ class TiktokenTokenizer(Tokenizer):
         self.enc = tiktoken.Encoding(name=f"corpusmill:{os.path.basename(path)}", pat_str=pat,
                                      mergeable_ranks=ranks, special_tokens={})
         self._ranks = len(ranks)
+        self._fast: Optional[tuple] = None
+
+    def fast_encoder(self) -> tuple:
+        """(the exact regex-piece cache encoder, "") or (None, why the split pattern is declined), built
+        once per process (`stages.pretoken_cache`)."""
+        if self._fast is None:
+            from . import pretoken_cache
+
+            self._fast = pretoken_cache.build_tiktoken(self.enc, self.offset)
+        return self._fast
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         out = []

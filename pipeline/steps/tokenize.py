@@ -135,8 +135,9 @@ class TokenizeStep(Step):
         if cache:
             stats["cache_hit_rate"] = round(cache["hits"] / max(1, cache["lookups"]), 4)
             ctx.log(f"  tokenize: exact piece-cache encoder: {cache['lookups']:,} pieces, {stats['cache_hit_rate']:.1%} "
-                    f"from the cache, {cache['pieces_encoded']:,} encoded by SentencePiece, {cache['long_pieces']:,} "
-                    "long ones uncached; " + (f"{stats['verified_docs']:,} documents re-encoded by the plain encoder, "
+                    f"from the cache, {cache['pieces_encoded']:,} encoded by the tokenizer, {cache['long_pieces']:,} "
+                    "long ones uncached; " + (f"{cache['plain_docs']:,} documents holding an added token's text encoded "
+                                              "whole; " if cache.get("plain_docs") else "") + (f"{stats['verified_docs']:,} documents re-encoded by the plain encoder, "
                                               "all identical" if stats.get("verified_docs") else
                                               "no document re-encoded (tokenizer.verify_sample: 0)"))
         elif stats.get("fast_declined"):
