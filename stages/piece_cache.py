@@ -277,6 +277,48 @@ def model_settings(proto) -> Settings:  # noqa: ANN001 - a sentencepiece_model_p
                     t.byte_fallback, types.count(_USER_DEFINED), types.count(_UNUSED))
 
 
+class EncoderChoice:
+    """Which encoder costs less CPU per character in this process, the piece cache or the plain one.
+    The cache's cost is measured on whole parts it encoded (after the first, which pays for loading
+    the compiled loops and filling an empty cache), the plain encoder's on whole parts and on the
+    check sample of the cache's parts (`tokenize.verify_fast`). Both give the same ids, so the choice
+    only moves time: a cache that rarely hits (Chinese clauses a tokenizer keeps whole, under a
+    tokenizer as fast as tiktoken) gives way to the plain encoder instead of slowing the step. The
+    plain encoder must cost a tenth less to be taken, and every EXPLORE-th part still goes to the
+    cache, so a corpus whose text changes (English parts after Chinese ones) can win it back."""
+
+    WARMUP = 3  # parts always encoded by the cache first
+    EXPLORE = 8
+    MIN_CHARS = 1 << 14  # a measurement over fewer characters is noise
+
+    def __init__(self) -> None:
+        self.cost: dict[str, float] = {}
+        self.parts = 0
+        self.fast_parts = 0
+
+    def choose(self) -> str:
+        self.parts += 1
+        fast, plain = self.cost.get("fast"), self.cost.get("plain")
+        if self.parts <= self.WARMUP or self.parts % self.EXPLORE == 0 or fast is None or plain is None:
+            return "fast"
+        return "plain" if plain < 0.9 * fast else "fast"
+
+    def record(self, mode: str, chars: int, seconds: float, whole_part: bool = True) -> None:
+        """A measurement of `mode` over `chars` characters; the cache's only over whole parts it
+        encoded (a check sample meets a cache that the plain parts did not warm), not its first."""
+        if mode == "fast":
+            if not whole_part:
+                return
+            self.fast_parts += 1
+            if self.fast_parts == 1:
+                return
+        if chars < self.MIN_CHARS or seconds <= 0:
+            return
+        rate = seconds / chars
+        old = self.cost.get(mode)
+        self.cost[mode] = rate if old is None else 0.5 * (old + rate)
+
+
 class CachedEncoder:
     """A bounded per-process cache of piece -> ids over compiled cutting: a subclass cuts texts into
     pieces no merge crosses (`_segments`) and encodes a new piece with its tokenizer (`_encode_pieces`);
@@ -286,6 +328,7 @@ class CachedEncoder:
         self.max_key, self.max_pieces = max_key, max_pieces
         self.stats = {"lookups": 0, "hits": 0, "pieces_encoded": 0, "long_pieces": 0, "cache_clears": 0,
                       "plain_docs": 0}
+        self.choice = EncoderChoice()
         self._clear()
 
     def _segments(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

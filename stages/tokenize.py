@@ -7,6 +7,7 @@ worker processes, one tokenizer thread each. Tokens leave as Arrow `list<int32>`
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -330,13 +331,17 @@ def tokenize_batch(docs: pa.Table | pd.DataFrame, model_path: str, add_bos: bool
     if fast_encode:
         fast, declined = (tok.fast_encoder() if hasattr(tok, "fast_encoder")  # type: ignore[attr-defined]
                           else (None, f"{tok.kind} tokenizers have no exact fast path yet"))
-    encoder = fast or tok
+    # both encoders give the same ids: this process takes whichever its parts measured cheaper here
+    mode = fast.choice.choose() if fast else "plain"
+    encoder = fast if mode == "fast" else tok
     before = dict(fast.stats) if fast else {}
     all_lengths, all_values = [], []
+    started = time.process_time()
     for start in range(0, len(texts), batch_docs):
         lengths, values = encoder.encode_flat(texts[start : start + batch_docs], bos, eos)
         all_lengths.append(lengths)
         all_values.append(values)
+    encode_s = time.process_time() - started
     lengths = np.concatenate(all_lengths).astype(np.int32, copy=False) if all_lengths else np.empty(0, dtype=np.int32)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
@@ -347,14 +352,19 @@ def tokenize_batch(docs: pa.Table | pd.DataFrame, model_path: str, add_bos: bool
         schema=TOKEN_SCHEMA,
     )
     stats = {"docs_in": len(texts), "docs_out": len(texts), "tokens": int(values.size), "chars": int(sum(map(len, texts)))}
-    stats["encoder"] = "piece_cache" if fast else "plain"
+    stats["encoder"] = "piece_cache" if mode == "fast" else "plain"
+    stats["encoder_parts"] = {stats["encoder"]: 1}
     if declined:
         stats["fast_declined"] = declined
     if fast:
+        other = "plain" if mode == "fast" else "fast"
+        stats["verified_docs"], sample_chars, sample_s = verify_fast(
+            tok, texts, uids, offsets, values, add_bos and bos >= 0, add_eos and eos >= 0, verify_sample, fast,
+            plain_ids=mode == "plain")
+        fast.choice.record(mode, stats["chars"], encode_s)
+        fast.choice.record(other, sample_chars, sample_s, whole_part=False)
         stats["fast_cache"] = {k: fast.stats[k] - before.get(k, 0) for k in ("lookups", "hits", "pieces_encoded",
                                                                               "long_pieces", "cache_clears", "plain_docs")}
-        stats["verified_docs"] = verify_fast(tok, texts, uids, offsets, values, add_bos and bos >= 0,
-                                             add_eos and eos >= 0, verify_sample, fast)
     if len(extra) == 2:
         table = table.append_column("source", pa.array(extra["source"], pa.string()))
         table = table.append_column("language", pa.array(extra["language"], pa.string()))
@@ -374,17 +384,20 @@ VERIFY_MIN_CHARS = 1 << 16  # ... or this many, whichever is more: the check sta
 
 
 def verify_fast(tok: kinds.Tokenizer, texts: list[str], uids: np.ndarray, offsets: np.ndarray, values: np.ndarray,
-                has_bos: bool, has_eos: bool, sample: int, fast: Any = None) -> int:
-    """Encode a seeded choice of up to `sample` documents again with the plain encoder and compare with
-    the fast ids (`values`, cut at `offsets`); returns the count checked. The seed is the part's first
-    uid, so a rerun checks the same documents. Plain SentencePiece is ~5x slower than the fast path, so
-    the chosen documents hold at most VERIFY_SHARE of the part's characters (at least VERIFY_MIN_CHARS):
-    a document longer than what is left is passed over, and when that leaves none (a part of books) the
-    first chosen document's first budget characters are encoded by both encoders (`fast`) and compared.
-    Raises FastEncodeMismatch on any difference."""
+                has_bos: bool, has_eos: bool, sample: int, fast: Any = None,
+                plain_ids: bool = False) -> tuple[int, int, float]:
+    """Encode a seeded choice of up to `sample` documents again with the other encoder (the plain one;
+    the fast one when `plain_ids`: the part was encoded plain) and compare with the part's ids
+    (`values`, cut at `offsets`); returns (documents checked, their characters, the other encoder's
+    CPU seconds on them). The seed is the part's first uid, so a rerun checks the same documents. Plain
+    SentencePiece is ~5x slower than the fast path, so the chosen documents hold at most VERIFY_SHARE of
+    the part's characters (at least VERIFY_MIN_CHARS): a document longer than what is left is passed
+    over, and when that leaves none (a part of books) the first chosen document's first budget
+    characters are encoded by both encoders (`fast`) and compared. Raises FastEncodeMismatch on any
+    difference."""
     n = len(texts)
     if not n or sample <= 0:
-        return 0
+        return 0, 0, 0.0
     rng = np.random.default_rng(int(uids[0]) & 0xFFFFFFFFFFFFFFFF)
     order = rng.permutation(n)
     budget = max(VERIFY_MIN_CHARS, int(VERIFY_SHARE * sum(map(len, texts))))
@@ -396,15 +409,19 @@ def verify_fast(tok: kinds.Tokenizer, texts: list[str], uids: np.ndarray, offset
             chosen.append(i)
             budget -= len(texts[i])
     chosen.sort()
-    plain = tok.encode([texts[i] for i in chosen])
-    for i, want in zip(chosen, plain):
-        _compare(values[offsets[i] + int(has_bos):offsets[i + 1] - int(has_eos)], want, int(uids[i]))
+    other = fast.encode if plain_ids and fast is not None else tok.encode
+    started = time.process_time()
+    again = other([texts[i] for i in chosen])
+    seconds = time.process_time() - started
+    for i, want in zip(chosen, again):
+        got = values[offsets[i] + int(has_bos):offsets[i + 1] - int(has_eos)]
+        _compare(want, got, int(uids[i])) if plain_ids else _compare(got, want, int(uids[i]))
     if not chosen and fast is not None:
         i = int(order[0])
         head = texts[i][:budget]
         _compare(fast.encode([head])[0], tok.encode([head])[0], int(uids[i]), f" (its first {len(head):,} characters)")
-        return 1
-    return len(chosen)
+        return 1, 0, 0.0
+    return len(chosen), sum(len(texts[i]) for i in chosen), seconds
 
 
 def _compare(got: np.ndarray, want: np.ndarray, uid: int, what: str = "") -> None:

@@ -299,3 +299,49 @@ def test_cuts_inside_pieces_only_where_the_model_allows_them():
     holed = Tokenizer.from_str(json.dumps(spec))
     off, _ = pretoken_cache.build(holed)
     assert not off.subcut
+
+
+def test_the_cheaper_encoder_is_chosen_per_process_and_the_ids_do_not_change(tmp_path):
+    """EncoderChoice: the cache for the first parts, then whichever costs less per character (the plain
+    encoder only when a tenth cheaper), every 8th part back to the cache; the cache's first part and
+    its check samples are not counted. A part encoded plain has its sample re-encoded by the cache and
+    compared, so a wrong cache still stops the run."""
+    from corpusmill.stages.piece_cache import EncoderChoice
+
+    choice = EncoderChoice()
+    big = EncoderChoice.MIN_CHARS
+    picks = []
+    for _ in range(16):
+        mode = choice.choose()
+        picks.append(mode)
+        choice.record(mode, big, 3.0 if mode == "fast" else 1.0)  # the cache costs 3x here
+        choice.record("plain" if mode == "fast" else "fast", big, 0.1 if mode == "plain" else 1.0, whole_part=False)
+    assert picks[:3] == ["fast"] * 3 and picks[3:7] == ["plain"] * 4 and picks[7] == "fast" and picks[8] == "plain"
+    cheap = EncoderChoice()
+    for _ in range(10):
+        mode = cheap.choose()
+        cheap.record(mode, big, 1.0 if mode == "fast" else 3.0)
+        cheap.record("plain", big, 3.0, whole_part=False)
+        assert mode == "fast"
+
+    tok = KINDS["gpt2"]()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    spec = tokenize.spec_of("hf")
+    texts = _tricky()[:300]
+    df = pd.DataFrame({"uid": np.arange(7000, 7000 + len(texts)), "text": texts})
+    plain = tokenize.tokenize_batch(df, str(path), add_bos=False, add_eos=True, batch_docs=64, spec=spec, bos_id=0, eos_id=1)
+    enc, _ = tokenize._load(str(path), spec).fast_encoder()
+    enc.choice.parts, enc.choice.cost = 10, {"fast": 1.0, "plain": 0.1}  # plain measured cheaper in this process
+    chosen = tokenize.tokenize_batch(df, str(path), add_bos=False, add_eos=True, batch_docs=64, spec=spec, bos_id=0,
+                                     eos_id=1, fast_encode=True, verify_sample=len(texts))
+    assert chosen.kept.equals(plain.kept) and chosen.stats["encoder"] == "plain"
+    assert chosen.stats["encoder_parts"] == {"plain": 1} and chosen.stats["verified_docs"] > 0
+    enc.p_ids[:enc.n_ids] += 1
+    try:
+        enc.choice.parts = 10
+        with pytest.raises(tokenize.FastEncodeMismatch):
+            tokenize.tokenize_batch(df, str(path), add_bos=False, add_eos=True, batch_docs=64, spec=spec, bos_id=0,
+                                    eos_id=1, fast_encode=True, verify_sample=len(texts))
+    finally:
+        enc._clear()
