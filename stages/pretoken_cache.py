@@ -461,12 +461,18 @@ class HFPieceCache(_RegexPieceCache):
 
         self.tok = tok
         self.normalizer = tok.normalizer
-        added = [t["content"] for t in spec.get("added_tokens") or [] if t.get("content")]
-        self._added = re.compile("|".join(map(re.escape, sorted(set(added), key=len, reverse=True)))) if added else None
+        tokens = [t for t in spec.get("added_tokens") or [] if t.get("content")]
+        added = [t["content"] for t in tokens]
+        # `tokenizers` finds an added token by its content in the raw text, and a `normalized` one also
+        # by its normalized content in the normalized text: a document holding either goes plain
+        normalized = [self.normalizer.normalize_str(t["content"]) for t in tokens
+                      if t.get("normalized") and self.normalizer is not None]
+        self._added = _any_of(added)
+        self._added_normalized = _any_of([n for n in normalized if n])
         oracle = dict(spec)
-        oracle.update(normalizer=None, post_processor=None, added_tokens=[], decoder=None,
-                      pre_tokenizer={"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                                     "use_regex": False})
+        oracle.update(normalizer=None, post_processor=None, added_tokens=[], decoder=None, truncation=None,
+                      padding=None, pre_tokenizer={"type": "ByteLevel", "add_prefix_space": False,
+                                                   "trim_offsets": False, "use_regex": False})
         self.oracle = Tokenizer.from_str(json.dumps(oracle))
         self._plain_encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
         self._oracle_encode = getattr(self.oracle, "encode_batch_fast", self.oracle.encode_batch)
@@ -476,9 +482,10 @@ class HFPieceCache(_RegexPieceCache):
 
     def encode_flat(self, texts: list[str], bos_id: int = -1, eos_id: int = -1) -> tuple[np.ndarray, np.ndarray]:
         normalized = [self.normalizer.normalize_str(t) for t in texts] if self.normalizer is not None else texts
-        added = self._added
-        bypass = [] if added is None else [i for i, (t, n) in enumerate(zip(texts, normalized))
-                                           if added.search(t) or (n is not t and added.search(n))]
+        raw, norm = self._added, self._added_normalized
+        bypass = [i for i, (t, n) in enumerate(zip(texts, normalized))
+                  if (raw is not None and (raw.search(t) or (n is not t and raw.search(n))))
+                  or (norm is not None and norm.search(n))]
         return self._encode_flat(normalized, texts, bypass, bos_id, eos_id)
 
     def _encode_pieces(self, pieces: list[str]) -> list:
@@ -516,6 +523,11 @@ class TiktokenPieceCache(_RegexPieceCache):
         one = self._single or self.enc.encode_ordinary
         off = self.offset
         return [[i + off for i in one(p)] for p in pieces] if off else [one(p) for p in pieces]
+
+
+def _any_of(strings: list[str]) -> Optional[re.Pattern]:
+    """A regex finding any of `strings` (None for none)."""
+    return re.compile("|".join(map(re.escape, sorted(set(strings), key=len, reverse=True)))) if strings else None
 
 
 def pattern_of(pre: Optional[dict]) -> tuple[Optional[str], str]:
@@ -557,6 +569,8 @@ def build(tok: Any, max_key: int = MAX_KEY, max_pieces: int = MAX_PIECES) -> tup
         return None, f"a {model.get('type')} model: only BPE over regex pieces is cached"
     if model.get("dropout") not in (None, 0, 0.0):
         return None, "BPE dropout is on (the ids are random)"
+    if spec.get("truncation") or spec.get("padding"):
+        return None, "the tokenizer truncates or pads what it encodes (tokenizer.json truncation / padding)"
     pattern, why = pattern_of(spec.get("pre_tokenizer"))
     if pattern is None:
         return None, why

@@ -232,6 +232,10 @@ class HFTokenizer(Tokenizer):
             self.tok = _HF.from_file(path)
         except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
             raise TokenizerFormatError(f"{path} is not a Hugging Face tokenizer.json: {str(e)[:200]}") from None
+        # a tokenizer.json saved with truncation or padding on would cut every document to its
+        # max_length or pad it: whole documents are encoded here, so both are off
+        self.tok.no_truncation()
+        self.tok.no_padding()
         vocab = self.tok.get_vocab(with_added_tokens=True)
         self._vocab = vocab
         self.vocab_size = max(vocab.values()) + 1 if vocab else 0  # ids may leave gaps: the largest counts

@@ -345,3 +345,43 @@ def test_the_cheaper_encoder_is_chosen_per_process_and_the_ids_do_not_change(tmp
                                     eos_id=1, fast_encode=True, verify_sample=len(texts))
     finally:
         enc._clear()
+
+
+@pytest.mark.parametrize("normalizer, content, text", [
+    (normalizers.Lowercase(), "A", "say a word"),  # found as "a" in the lowercased text
+    (normalizers.NFKC(), "\ufb01", "the fine print"),  # the ligature is "fi" after NFKC
+    (normalizers.NFC(), "e\u0301", "caf\u00e9 au lait"),  # composed by NFC
+])
+def test_an_added_token_found_by_its_normalized_content_sends_the_document_plain(normalizer, content, text):
+    """`tokenizers` matches a `normalized` added token by its normalized content in the normalized text
+    (found by an adversarial fuzz of this module): such a document is encoded whole by the plain encoder."""
+    tok = _make(_split("qwen2"), normalizer, vocab=600)
+    tok.add_tokens([content])
+    enc, why = pretoken_cache.build(tok)
+    assert enc is not None, why
+    texts = [text, "nothing to see", text.upper()]
+    assert _fast(enc, texts) == _plain(tok, texts)
+    assert enc.stats["plain_docs"] >= 1
+
+
+def test_truncation_and_padding_in_the_file_never_cut_a_document(tmp_path):
+    """A tokenizer.json saved with truncation and padding on: the tokenize step encodes whole documents,
+    unpadded, with the plain encoder and the fast one alike; the fast path declines a tokenizer object
+    that still truncates (its pieces would be cut)."""
+    from corpusmill.stages import tokenizer_kinds as kinds
+
+    tok = KINDS["gpt2"]()
+    tok.enable_truncation(max_length=4)
+    tok.enable_padding(length=64)
+    enc, why = pretoken_cache.build(tok)
+    assert enc is None and "truncates or pads" in why
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    loaded = kinds.load(str(path), kinds.TokenizerSpec("hf"))
+    texts = _tricky()[:200]
+    whole = KINDS["gpt2"]()  # the same vocabulary without the settings
+    want = _plain(whole, texts)
+    assert [a.tolist() for a in loaded.encode(texts)] == want
+    fast, why = loaded.fast_encoder()
+    assert fast is not None, why
+    assert _fast(fast, texts) == want
