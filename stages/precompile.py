@@ -89,14 +89,16 @@ def _hf_loops() -> None:
 
     from . import pretoken_cache
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator(SAMPLE * 5, trainer=trainers.BpeTrainer(
-        vocab_size=300, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast, why = pretoken_cache.build(tok)
-    if fast is None:
-        raise RuntimeError(f"precompile: the sample tokenizer.json has no fast path ({why})")
-    fast.encode_flat(SAMPLE, 1, 2)
+    for ignore_merges in (False, True):  # True: the guard against unreachable tokens is hashed too
+        tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.train_from_iterator(SAMPLE * 5, trainer=trainers.BpeTrainer(
+            vocab_size=300, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        fast, why = pretoken_cache.build(tok)
+        if fast is None:
+            raise RuntimeError(f"precompile: the sample tokenizer.json has no fast path ({why})")
+        pretoken_cache._text_keys(SAMPLE[:2])
+        fast.encode_flat(SAMPLE, 1, 2)
 
 
 GROUPS = (_text_loops, _dedup_loops, _tokenizer_loops)

@@ -19,8 +19,10 @@ tiktoken's `CoreBPE`):
 - Inside a piece (a whole Chinese clause: Chinese has no spaces) BPE merges only make vocabulary
   tokens, so between two characters no token joins (`joinable_keys`: no token holds the end of one
   and the start of the other) BPE on either side is independent, and the piece is cut there too.
-  Only where the model's BPE of a piece is the BPE of its parts (`_subcut_tokens`: not with
-  `ignore_merges`, which tiktoken always does, word affixes, or gaps in the byte alphabet).
+  Only where the model's BPE of a piece is the BPE of its parts (`_subcut_tokens`: not with word
+  affixes or gaps in the byte alphabet; with `ignore_merges`, a piece found whole in the vocabulary
+  being one token, never into a part that is a token its merges do not reach; tiktoken, which
+  always takes a whole piece found in its ranks, has no such check yet and is never cut inside).
 - The normalizer, when there is one, is the tokenizer's own (`normalize_str`). A document holding an
   added token's text (where `tokenizers` would split it out) is encoded whole by the plain encoder.
 
@@ -40,7 +42,7 @@ from typing import Any, Optional
 import numba as nb
 import numpy as np
 
-from .piece_cache import MAX_KEY, MAX_PIECES, CachedEncoder, text_points
+from .piece_cache import MAX_KEY, MAX_PIECES, CachedEncoder, _hash, text_points
 
 # the pre-tokenizer regexes the scanner reproduces, by the name the stats report
 PATTERNS = {
@@ -272,12 +274,24 @@ def _joinable(c1, c2, table, bits, b1, b2):
     return False
 
 
+@nb.njit(inline="always")
+def _guarded(cps, starts, first, k, j, guard_table, guard_bits):
+    """Whether a sub-piece among starts[first:k] (the last ending at j) is in `guard_table`."""
+    for g in range(first, k):
+        b = starts[g + 1] if g + 1 < k else j
+        key = _hash(cps, starts[g], b) & np.uint64(0x7FFFFFFFFFFFFFFF)
+        if _in_table(guard_table, guard_bits, key):
+            return True
+    return False
+
+
 @nb.njit(cache=True, nogil=True)
-def regex_cuts(cps, doc_starts, cls, fold, kind, join_table, join_bits, subcut):
+def regex_cuts(cps, doc_starts, cls, fold, kind, join_table, join_bits, subcut, guard_table, guard_bits):
     """Cut the documents (code points `cps`, starts `doc_starts`) where the pre-tokenizer's regex
     (`kind`: 0 GPT-2, 1 Llama-3, 2 Qwen2, 3 tekken) ends a match and, with `subcut`, inside a piece
-    between two characters (one of them not ASCII) no token can join (`join_table`). Returns (piece
-    starts with the end appended, first piece of each document with the count appended)."""
+    between two characters (one of them not ASCII) no token can join (`join_table`), unless one of
+    the parts is in `guard_table` (then the piece stays whole). Returns (piece starts with the end
+    appended, first piece of each document with the count appended)."""
     n_docs = doc_starts.size - 1
     starts = np.empty(cps.size + 1, dtype=np.int64)
     doc_seg = np.empty(n_docs + 1, dtype=np.int64)
@@ -297,11 +311,14 @@ def regex_cuts(cps, doc_starts, cls, fold, kind, join_table, join_bits, subcut):
             else:
                 j = _next_llama(cps, i, end, cls, fold, 3 if kind == 1 else 1)
             if subcut:
+                first = k - 1
                 for m in range(i + 1, j):
                     x, y = cps[m - 1], cps[m]
                     if (x >= 0x80 or y >= 0x80) and not _joinable(x, y, join_table, join_bits, b1, b2):
                         starts[k] = m
                         k += 1
+                if k - first > 1 and _guarded(cps, starts, first, k, j, guard_table, guard_bits):
+                    k = first + 1
             i = j
     doc_seg[n_docs] = k
     starts[k] = cps.size
@@ -351,6 +368,30 @@ def joinable_keys(tokens: list[bytes]) -> np.ndarray:
             right = t[k:k + max(1, _char_len(t[k]))]  # whole, or as much as the token holds
             keys.add(_pack(left, right))
     return np.fromiter(keys, dtype=np.uint64, count=len(keys))
+
+
+def _key_table(keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """An open-addressing set of 63-bit keys and its size in bits."""
+    from .piece_cache import _fill_table
+
+    bits = max(4, int(np.ceil(np.log2(max(1, 2 * len(keys))))) + 1)
+    return _fill_table(keys, bits), bits
+
+
+@nb.njit(cache=True, nogil=True)
+def _hash_texts(cps, starts):
+    out = np.empty(starts.size - 1, dtype=np.uint64)
+    for g in range(starts.size - 1):
+        out[g] = _hash(cps, starts[g], starts[g + 1]) & np.uint64(0x7FFFFFFFFFFFFFFF)
+    return out
+
+
+def _text_keys(texts: list[str]) -> np.ndarray:
+    """The keys `_guarded` looks texts up by (their code points' hash)."""
+    if not texts:
+        return np.zeros(0, dtype=np.uint64)
+    cps, starts = text_points(texts)
+    return _hash_texts(cps, starts)
 
 
 def _fold_table(case_insensitive: bool) -> np.ndarray:
@@ -430,26 +471,25 @@ class _RegexPieceCache(CachedEncoder):
     """Texts cut by the compiled scanner of `pattern` over classes its engine decided (`classes`)."""
 
     def __init__(self, pattern: str, classes: _Classes, max_key: int, max_pieces: int,
-                 join_tokens: Optional[list[bytes]] = None) -> None:
-        from .piece_cache import _fill_table
-
+                 join_tokens: Optional[list[bytes]] = None, guard: tuple = ()) -> None:
         self.pattern = pattern
         self.kind = _KIND[pattern]
         self.fold = _fold_table(pattern != "gpt2")
         self.classes = classes
         # cuts inside a piece where no token joins the characters (`joinable_keys`), when the model's
-        # BPE of a piece is the BPE of its parts there (see HFPieceCache)
+        # BPE of a piece is the BPE of its parts there, except into a part in `guard` (see _subcut_tokens)
         self.subcut = join_tokens is not None
         keys = joinable_keys(join_tokens) if join_tokens is not None else np.zeros(0, dtype=np.uint64)
-        self.join_bits = max(4, int(np.ceil(np.log2(max(1, 2 * len(keys))))) + 1)
-        self.join_table = _fill_table(keys, self.join_bits)
+        self.join_table, self.join_bits = _key_table(keys)
+        self.guard = guard
+        self.guard_table, self.guard_bits = _key_table(_text_keys(list(guard)))
         super().__init__(max_key, max_pieces)
 
     def _segments(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         cps, doc_starts = text_points(texts)
         self.classes.ensure(cps)
         starts, doc_seg = regex_cuts(cps, doc_starts, self.classes.cls, self.fold, self.kind, self.join_table,
-                                     self.join_bits, self.subcut)
+                                     self.join_bits, self.subcut, self.guard_table, self.guard_bits)
         return cps, starts, doc_seg
 
 
@@ -478,7 +518,8 @@ class HFPieceCache(_RegexPieceCache):
         self._oracle_encode = getattr(self.oracle, "encode_batch_fast", self.oracle.encode_batch)
         self.settings = {"pre_tokenizer": pattern, "normalizer": (spec.get("normalizer") or {}).get("type"),
                          "added_tokens": len(added)}
-        super().__init__(pattern, OnigClasses(), max_key, max_pieces, _subcut_tokens(spec.get("model") or {}))
+        join, guard = _subcut_tokens(spec)
+        super().__init__(pattern, OnigClasses(), max_key, max_pieces, join, guard)
 
     def encode_flat(self, texts: list[str], bos_id: int = -1, eos_id: int = -1) -> tuple[np.ndarray, np.ndarray]:
         normalized = [self.normalizer.normalize_str(t) for t in texts] if self.normalizer is not None else texts
@@ -495,18 +536,48 @@ class HFPieceCache(_RegexPieceCache):
         return [e.ids for e in self._plain_encode(texts, add_special_tokens=False)]
 
 
-def _subcut_tokens(model: dict) -> Optional[list[bytes]]:
-    """The vocabulary as bytes when BPE of a piece equals BPE of its parts at every cut no token
-    crosses, else None: not with `ignore_merges` (a whole piece in the vocabulary is taken as one
-    token, which its parts would not be), word prefixes or suffixes (they mark a piece's ends), or a
-    byte alphabet with gaps (unknown bytes fuse across a cut)."""
-    if model.get("ignore_merges") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
-        return None
+def _subcut_tokens(spec: dict) -> tuple[Optional[list[bytes]], tuple]:
+    """(the vocabulary as bytes, the texts no cut may leave alone) when BPE of a piece equals BPE of
+    its parts at every cut no token crosses, else (None, ()): not with word prefixes or suffixes
+    (they mark a piece's ends) or a byte alphabet with gaps (unknown bytes fuse across a cut). With
+    `ignore_merges` a piece found whole in the vocabulary is one token: a part that is a token is
+    then the token, which is what BPE of the whole piece makes of it only when the merges reach
+    that token from its own bytes. The tokens they do not reach (BPE of their text, merges only, is
+    not that one token) are returned as the guard: a piece whose cuts would leave one alone stays
+    whole."""
+    model = spec.get("model") or {}
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        return None, ()
     dec = byte_decoder()
     vocab = model.get("vocab") or {}
     if any(ch not in vocab for ch in dec):
-        return None
-    return [bytes(dec[c] for c in tok) for tok in vocab if all(c in dec for c in tok)]
+        return None, ()
+    tokens = [bytes(dec[c] for c in tok) for tok in vocab if all(c in dec for c in tok)]
+    if not model.get("ignore_merges"):
+        return tokens, ()
+    from tokenizers import Tokenizer
+
+    merges_only = dict(spec)
+    merges_only.update(normalizer=None, post_processor=None, added_tokens=[], decoder=None, truncation=None,
+                       padding=None, model={**model, "ignore_merges": False},
+                       pre_tokenizer={"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                                      "use_regex": False})
+    try:
+        oracle = Tokenizer.from_str(json.dumps(merges_only))
+    except Exception:  # noqa: BLE001 - tokenizers raises bare Exception
+        return None, ()
+    texts, ids = [], []
+    for tok, i in vocab.items():
+        if all(c in dec for c in tok):
+            try:
+                texts.append(bytes(dec[c] for c in tok).decode("utf-8"))
+            except UnicodeDecodeError:  # not text: no part of a text can be it
+                continue
+            ids.append(i)
+    encoded = oracle.encode_batch_fast(texts, add_special_tokens=False) if hasattr(oracle, "encode_batch_fast") \
+        else oracle.encode_batch(texts, add_special_tokens=False)
+    guard = tuple(t for t, i, e in zip(texts, ids, encoded) if e.ids != [i])
+    return tokens, guard
 
 
 class TiktokenPieceCache(_RegexPieceCache):

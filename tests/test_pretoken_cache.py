@@ -99,7 +99,7 @@ def test_cut_points_are_the_pre_tokenizers_own(kind):
     cps, doc_starts = pretoken_cache.text_points(texts)
     enc.classes.ensure(cps)
     starts, doc_seg = pretoken_cache.regex_cuts(cps, doc_starts, enc.classes.cls, enc.fold, enc.kind, enc.join_table,
-                                                enc.join_bits, False)  # the regex's cuts alone
+                                                enc.join_bits, False, enc.guard_table, enc.guard_bits)  # the regex's alone
     for d, text in enumerate(texts):
         mine = (starts[doc_seg[d]:doc_seg[d + 1] + 1] - starts[doc_seg[d]]).tolist()
         theirs = [0] + [b for _, (_, b) in split.pre_tokenize_str(text)]  # offsets in characters of the text
@@ -276,21 +276,36 @@ def test_mistral_tekken_equals_plain():
 def test_cuts_inside_pieces_only_where_the_model_allows_them():
     """Chinese has no spaces, so a regex piece is a whole clause; inside it the cache also cuts between
     characters no token joins (most pieces then repeat). That holds for BPE whose piece is the BPE of
-    its parts: with `ignore_merges` (Llama-3: a piece found whole in the vocabulary is one token) or a
-    byte alphabet with gaps it is off, and the ids are exact either way."""
+    its parts. With `ignore_merges` (Llama-3: a piece found whole in the vocabulary is one token) a
+    cut never leaves alone a part that is a token its merges do not reach (the guard: each such token
+    placed between characters nothing joins keeps its piece whole); with a byte alphabet with gaps
+    there are no cuts inside pieces. The ids are exact every time."""
     tok = KINDS["qwen2"]()
     rng = random.Random(5)
     texts = [zh_doc(rng) for _ in range(200)] + _tricky()[:300]
     on, _ = pretoken_cache.build(tok)
-    assert on.subcut
+    assert on.subcut and not on.guard
     assert _fast(on, texts) == _plain(tok, texts)
     spec = json.loads(tok.to_str())
-    pieces_on = on._segments(texts[:200])[1].size
     spec["model"]["ignore_merges"] = True
     strict = Tokenizer.from_str(json.dumps(spec))
-    off, _ = pretoken_cache.build(strict)
-    assert not off.subcut and off._segments(texts[:200])[1].size < pieces_on
-    assert _fast(off, texts) == _plain(strict, texts)
+    # tokens no merge reaches, as vocabularies converted from other tools hold: whole, each is one
+    # token; inside a longer piece its characters are merged as usual
+    words = ["国家", "中国", "人民", "社会主义", "发展"]
+    enc_bytes = {b: c for c, b in pretoken_cache.byte_decoder().items()}
+    vocab = spec["model"]["vocab"]
+    for w in words:
+        vocab.setdefault("".join(enc_bytes[b] for b in w.encode()), max(vocab.values()) + 1)
+    strict = Tokenizer.from_str(json.dumps(spec))
+    guarded, _ = pretoken_cache.build(strict)
+    assert guarded.subcut and set(words) <= set(guarded.guard)
+    planted = [f"{p}{w}{q}" for w in words for p in ("", "。", "！", "的") for q in ("", "。", "了")]
+    assert _fast(guarded, texts + planted) == _plain(strict, texts + planted)
+    assert [strict.encode(w).ids for w in words] == [[vocab[k]] for k in
+                                                      ("".join(enc_bytes[b] for b in w.encode()) for w in words)]
+    unguarded = pretoken_cache.HFPieceCache(strict, json.loads(strict.to_str()), "qwen2")
+    unguarded.guard_table, unguarded.guard_bits = pretoken_cache._key_table(pretoken_cache._text_keys([]))
+    assert _fast(unguarded, planted) != _plain(strict, planted)  # what the guard prevents
     spec["model"]["ignore_merges"] = False
     gap = next(t for t in spec["model"]["vocab"] if len(t) == 1 and t.isalpha())
     del spec["model"]["vocab"][gap]
