@@ -21,8 +21,8 @@ tiktoken's `CoreBPE`):
   and the start of the other) BPE on either side is independent, and the piece is cut there too.
   Only where the model's BPE of a piece is the BPE of its parts (`_subcut_tokens`: not with word
   affixes or gaps in the byte alphabet; with `ignore_merges`, a piece found whole in the vocabulary
-  being one token, never into a part that is a token its merges do not reach; tiktoken, which
-  always takes a whole piece found in its ranks, has no such check yet and is never cut inside).
+  being one token, never into a part that is a token its merges do not reach; tiktoken always
+  takes a whole piece found in its ranks, and is guarded the same way, `unreachable_texts`).
 - The normalizer, when there is one, is the tokenizer's own (`normalize_str`). A document holding an
   added token's text (where `tokenizers` would split it out) is encoded whole by the plain encoder.
 
@@ -588,7 +588,9 @@ class TiktokenPieceCache(_RegexPieceCache):
         self.enc, self.offset = enc, offset
         self._single = getattr(enc, "_encode_single_piece", None)  # BPE of one piece, no regex
         self.settings = {"pre_tokenizer": pattern, "normalizer": None, "added_tokens": 0}
-        super().__init__(pattern, TiktokenClasses(), max_key, max_pieces)
+        ranks = getattr(enc, "_mergeable_ranks", None)
+        join, guard = (list(ranks), unreachable_texts(ranks)) if ranks else (None, ())
+        super().__init__(pattern, TiktokenClasses(), max_key, max_pieces, join, guard)
 
     def _encode_pieces(self, pieces: list[str]) -> list:
         one = self._single or self.enc.encode_ordinary
@@ -646,6 +648,33 @@ def build(tok: Any, max_key: int = MAX_KEY, max_pieces: int = MAX_PIECES) -> tup
     if pattern is None:
         return None, why
     return HFPieceCache(tok, spec, pattern, max_key, max_pieces), ""
+
+
+def unreachable_texts(ranks: dict[bytes, int]) -> tuple:
+    """The texts of tokens tiktoken's merges do not make from their own bytes (lowest-ranked adjacent
+    pair first, leftmost on a tie, as `CoreBPE` merges): tiktoken takes a piece found whole in its
+    ranks as one token, so a cut inside a piece must never leave one of these alone (`_guarded`)."""
+    out = []
+    for tok in ranks:
+        if len(tok) < 2:
+            continue
+        try:
+            text = tok.decode("utf-8")
+        except UnicodeDecodeError:  # not text: no part of a text can be it
+            continue
+        parts = [tok[i:i + 1] for i in range(len(tok))]
+        while len(parts) > 1:
+            best, at = None, -1
+            for i in range(len(parts) - 1):
+                r = ranks.get(parts[i] + parts[i + 1])
+                if r is not None and (best is None or r < best):
+                    best, at = r, i
+            if best is None:
+                break
+            parts[at:at + 2] = [parts[at] + parts[at + 1]]
+        if len(parts) > 1:
+            out.append(text)
+    return tuple(out)
 
 
 def build_tiktoken(enc: Any, offset: int = 0, max_key: int = MAX_KEY,

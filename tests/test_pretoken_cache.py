@@ -400,3 +400,31 @@ def test_truncation_and_padding_in_the_file_never_cut_a_document(tmp_path):
     fast, why = loaded.fast_encoder()
     assert fast is not None, why
     assert _fast(fast, texts) == want
+
+
+def test_tiktoken_cuts_inside_pieces_never_leave_an_unreachable_token_alone(tmp_path):
+    """tiktoken takes a piece found whole in its ranks as one token; a rank its merges cannot reach
+    (a three-character word whose two-character halves have no rank) placed where the piece would be
+    cut around it keeps its piece whole, so the ids stay tiktoken's; without the guard they differ."""
+    import base64
+
+    from corpusmill.stages import tokenizer_kinds as kinds
+
+    path = _tiktoken_file(tmp_path)
+    lines = path.read_text().splitlines()
+    ranks = {base64.b64decode(line.split()[0]) for line in lines}
+    words = [w for w in ("中国人", "共和国", "社会主", "发展中", "国家的") if w.encode() not in ranks
+             and w[:2].encode() not in ranks and w[1:].encode() not in ranks]
+    assert len(words) >= 3
+    extra = [f"{base64.b64encode(w.encode()).decode()} {len(lines) + i}" for i, w in enumerate(words)]
+    path.write_text("\n".join(lines + extra) + "\n")
+    tok = kinds.load(str(path), kinds.TokenizerSpec("tiktoken"))
+    enc, why = tok.fast_encoder()
+    assert enc is not None and enc.subcut and set(words) <= set(enc.guard), why
+    planted = [f"{p}{w}{q}" for w in words for p in ("", "。", "「", " ") for q in ("", "。", "」")]
+    texts = planted + _tiktoken_texts()[:800]
+    assert _fast(enc, texts) == [a.tolist() for a in tok.encode(texts)]
+    assert [a.tolist() for a in tok.encode(words)] == [[len(lines) + i] for i in range(len(words))]
+    unguarded = pretoken_cache.TiktokenPieceCache(tok.enc, tok.offset, "llama3")
+    unguarded.guard_table, unguarded.guard_bits = pretoken_cache._key_table(pretoken_cache._text_keys([]))
+    assert _fast(unguarded, planted) != [a.tolist() for a in tok.encode(planted)]
